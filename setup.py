@@ -1,0 +1,34 @@
+"""Packaging for keras-transformer."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="keras-transformer",
+    version="0.1.0",
+    description=(
+        "A paper-faithful TensorFlow/Keras 3 implementation of the Transformer "
+        "(Vaswani et al., 2017): layers, training, beam search and TF Serving export."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
+    package_data={"keras_transformer": ["datasets/*/*.gz", "datasets/*/README.md"]},
+    install_requires=[
+        # tensorflow-text ships compiled ops for one TensorFlow minor version only.
+        "tensorflow~=2.21.0",
+        "tensorflow-text~=2.21.0",
+        "keras>=3.10",
+        "tensorflow-datasets>=4.9",
+        "sentencepiece>=0.2",
+        "sacrebleu>=2.4",
+        "sacremoses>=0.1",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+        "bench": ["keras-hub", "ctranslate2", "torch==2.13.0"],
+    },
+    entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
+)
