@@ -1,0 +1,293 @@
+"""Scaled dot-product and multi-head attention (Vaswani et al., 2017, §3.2).
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                      (1)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+        where head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Shape letters used in comments: B batch, T query length, S key/value length,
+N heads, H per-head width (d_k or d_v), D model width.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+# Added to the logits of masked positions. Finite, so that a row with every key
+# masked gives a uniform distribution instead of NaN.
+_MASK_LOGIT = -1e9
+
+
+def causal_mask(query_length, key_length, offset=0):
+    """Look-ahead mask of §3.2.3: bool `[1, T, S]`, True where query t may see key s.
+
+    Query t sits at absolute position `offset + t` (offset > 0 when decoding
+    with a cache) and sees keys 0 .. offset + t.
+    """
+    rows = ops.arange(query_length)[:, None] + offset
+    cols = ops.arange(key_length)[None, :]
+    return ops.greater_equal(rows, cols)[None, :, :]
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention with an incremental-decoding cache (§3.2.2).
+
+    The h heads' projections are stored as the paper writes them, one matrix
+    per role: W^Q, W^K in R^{D x h*d_k}, W^V in R^{D x h*d_v},
+    W^O in R^{h*d_v x D}. In self-attention the three input projections run as
+    one fused matmul.
+
+    Two kinds of cache make decoding one token cost O(current length):
+
+    - self-attention (`key_value=None`): `cache=(keys, values)`, each
+      `[B, N, S_max, H]`, preallocated by `init_cache`. The keys and values of
+      the query positions `[cache_index, cache_index + T)` are written into it
+      and the queries attend over the whole cache (positions after the
+      current one are masked by `use_causal_mask`).
+    - cross-attention: `cache=(keys, values)` from `compute_key_value(memory)`,
+      the projected encoder output, computed once per source sentence.
+
+    Args:
+        num_heads: h, the number of heads.
+        key_dim: d_k, per-head width of queries and keys.
+        value_dim: d_v, per-head width of values; default `key_dim`.
+        output_dim: width of the output; default the query's last dimension.
+        dropout: dropout rate on the attention weights (not used by the paper).
+        use_bias: add biases to the four projections (the paper has none).
+        kernel_initializer: initializer of the projection matrices.
+        bias_initializer: initializer of the biases.
+
+    Call arguments:
+        query: `[B, T, D]`.
+        key_value: `[B, S, D_kv]` memory to attend to, or None for
+            self-attention (keys and values come from `query`).
+        attention_mask: boolean, True where attention is allowed, broadcastable
+            to `[B, T, S]`; `[B, 1, S]` masks padded keys.
+        use_causal_mask: forbid query t to attend to keys after t (§3.2.3);
+            with a self-attention cache, "after" counts from `cache_index`.
+        cache: see above.
+        cache_index: int scalar, position of the first query in the cache.
+        return_attention_scores: also return the weights `[B, N, T, S]`.
+        training: enables dropout.
+
+    Returns:
+        `output` `[B, T, output_dim]`; `(output, weights)` with
+        `return_attention_scores`; the updated cache is appended last when a
+        cache is given.
+
+    Example:
+    >>> mha = MultiHeadAttention(num_heads=8, key_dim=64)
+    >>> x = keras.random.normal((2, 10, 512))
+    >>> mha(x, use_causal_mask=True).shape
+    (2, 10, 512)
+
+    References:
+        Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.2.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        output_dim=None,
+        dropout=0.0,
+        use_bias=False,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_heads <= 0 or key_dim <= 0 or (value_dim is not None and value_dim <= 0):
+            raise ValueError(
+                f"{self.name}: num_heads, key_dim and value_dim must be positive, got "
+                f"num_heads={num_heads}, key_dim={key_dim}, value_dim={value_dim}."
+            )
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim or key_dim
+        self.output_dim = output_dim
+        self.dropout = dropout
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = False
+
+    def build(self, query_shape, key_value_shape=None):
+        query_dim = query_shape[-1]
+        memory_dim = query_dim if key_value_shape is None else key_value_shape[-1]
+        output_dim = self.output_dim or query_dim
+        n, dk, dv = self.num_heads, self.key_dim, self.value_dim
+
+        def matrix(name, shape):
+            return self.add_weight(name=name, shape=shape, initializer=self.kernel_initializer)
+
+        def bias(name, size):
+            if not self.use_bias:
+                return None
+            return self.add_weight(name=name, shape=(size,), initializer=self.bias_initializer)
+
+        self.query_kernel = matrix("query_kernel", (query_dim, n * dk))
+        self.key_kernel = matrix("key_kernel", (memory_dim, n * dk))
+        self.value_kernel = matrix("value_kernel", (memory_dim, n * dv))
+        self.output_kernel = matrix("output_kernel", (n * dv, output_dim))
+        self.query_bias = bias("query_bias", n * dk)
+        self.key_bias = bias("key_bias", n * dk)
+        self.value_bias = bias("value_bias", n * dv)
+        self.output_bias = bias("output_bias", output_dim)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.built = True
+
+    # Projections ---------------------------------------------------------------
+
+    def _project(self, x, kernel, bias, head_dim):
+        """`[B, T, D] -> [B, N, T, H]`."""
+        y = ops.matmul(x, kernel)
+        if bias is not None:
+            y = y + bias
+        return self._split_heads(y, head_dim)
+
+    def _split_heads(self, y, head_dim):
+        batch, length = ops.shape(y)[0], ops.shape(y)[1]
+        y = ops.reshape(y, (batch, length, self.num_heads, head_dim))
+        return ops.transpose(y, (0, 2, 1, 3))
+
+    def _project_qkv(self, x):
+        """Self-attention: one fused matmul for W^Q, W^K and W^V."""
+        kernel = ops.concatenate([self.query_kernel, self.key_kernel, self.value_kernel], axis=-1)
+        qkv = ops.matmul(x, kernel)
+        if self.use_bias:
+            qkv = qkv + ops.concatenate([self.query_bias, self.key_bias, self.value_bias], axis=-1)
+        nk = self.num_heads * self.key_dim
+        # `split` rather than slicing: its gradient is a cheap concat.
+        q, k, v = ops.split(qkv, [nk, 2 * nk], axis=-1)
+        return (
+            self._split_heads(q, self.key_dim),
+            self._split_heads(k, self.key_dim),
+            self._split_heads(v, self.value_dim),
+        )
+
+    def compute_key_value(self, memory):
+        """Projects an encoder output once for cross-attention decoding.
+
+        Returns `(keys [B, N, S, d_k], values [B, N, S, d_v])`, the cache that
+        `call(query, memory, cache=...)` accepts.
+        """
+        return (
+            self._project(memory, self.key_kernel, self.key_bias, self.key_dim),
+            self._project(memory, self.value_kernel, self.value_bias, self.value_dim),
+        )
+
+    def init_cache(self, batch_size, max_length, dtype=None):
+        """A zero self-attention cache `(keys, values)` of `[B, N, max_length, H]`."""
+        dtype = dtype or self.compute_dtype
+        return (
+            ops.zeros((batch_size, self.num_heads, max_length, self.key_dim), dtype=dtype),
+            ops.zeros((batch_size, self.num_heads, max_length, self.value_dim), dtype=dtype),
+        )
+
+    # Attention -----------------------------------------------------------------
+
+    def _merge_masks(self, attention_mask, use_causal_mask, query_length, key_length, offset):
+        """The one place masks are combined. Returns bool `[B|1, 1, T, S]` or None."""
+        mask = None
+        if attention_mask is not None:
+            mask = ops.cast(attention_mask, "bool")
+            if len(mask.shape) == 2:  # [B, S]: key padding
+                mask = mask[:, None, :]
+            mask = mask[:, None, :, :]  # [B, 1, T|1, S]
+        if use_causal_mask:
+            causal = causal_mask(query_length, key_length, offset)[:, None, :, :]
+            mask = causal if mask is None else ops.logical_and(mask, causal)
+        return mask
+
+    def _attend(self, q, k, v, mask, training):
+        """Equation (1) per head. q `[B, N, T, d_k]`, k `[B, N, S, d_k]`, v `[B, N, S, d_v]`."""
+        q = q * ops.cast(1.0 / math.sqrt(self.key_dim), q.dtype)
+        logits = ops.einsum("bnth,bnsh->bnts", q, k)
+        # Softmax in float32: bf16 logits lose the small differences that matter.
+        logits = ops.cast(logits, "float32")
+        if mask is not None:
+            logits = ops.where(mask, logits, _MASK_LOGIT)
+        weights = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
+        context = ops.einsum("bnts,bnsh->btnh", self.dropout_layer(weights, training=training), v)
+        return context, weights
+
+    @staticmethod
+    def _write_cache(cache, update, index):
+        """Writes `update [B, N, T, H]` at positions [index, index + T) of `cache [B, N, S, H]`.
+
+        Built from `where` and `take` so that it runs on every TF device, in
+        TF Serving, and under XLA.
+        """
+        positions = ops.arange(ops.shape(cache)[2])
+        steps = ops.shape(update)[2]
+        inside = ops.logical_and(positions >= index, positions < index + steps)
+        source = ops.clip(positions - index, 0, steps - 1)
+        spread = ops.take(update, source, axis=2)
+        return ops.where(inside[None, None, :, None], ops.cast(spread, cache.dtype), cache)
+
+    def call(
+        self,
+        query,
+        key_value=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_index=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        offset = 0
+        if key_value is None:
+            q, k, v = self._project_qkv(query)
+            if cache is not None:
+                if cache_index is None:
+                    raise ValueError(f"{self.name}: a self-attention cache needs `cache_index`.")
+                k = self._write_cache(cache[0], k, cache_index)
+                v = self._write_cache(cache[1], v, cache_index)
+                cache = (k, v)
+                offset = cache_index
+        else:
+            q = self._project(query, self.query_kernel, self.query_bias, self.key_dim)
+            if cache is not None:
+                k, v = cache
+            else:
+                k, v = self.compute_key_value(key_value)
+
+        mask = self._merge_masks(
+            attention_mask, use_causal_mask, ops.shape(q)[2], ops.shape(k)[2], offset
+        )
+        context, weights = self._attend(q, k, v, mask, training)  # [B, T, N, d_v]
+        batch, length = ops.shape(context)[0], ops.shape(context)[1]
+        context = ops.reshape(context, (batch, length, self.num_heads * self.value_dim))
+        output = ops.matmul(context, self.output_kernel)
+        if self.output_bias is not None:
+            output = output + self.output_bias
+
+        results = (output,)
+        if return_attention_scores:
+            results += (weights,)
+        if cache is not None:
+            results += (cache,)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_shape(self, query_shape, key_value_shape=None):
+        return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "output_dim": self.output_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,353 @@
+"""The decoder: a stack of N identical layers (Vaswani et al., 2017, §3.1).
+
+"In addition to the two sub-layers in each encoder layer, the decoder inserts
+a third sub-layer, which performs multi-head attention over the output of the
+encoder stack. [...] We also modify the self-attention sub-layer in the
+decoder stack to prevent positions from attending to subsequent positions."
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.attention import MultiHeadAttention, causal_mask
+from keras_transformer.layers.encoder import resolve_head_dims
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.sublayer import SublayerConnection
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderLayer(keras.layers.Layer):
+    """One decoder layer: masked self-attention, encoder-decoder attention, feed-forward (§3.1).
+
+    Args: as `EncoderLayer`.
+
+    Call arguments:
+        inputs: `[B, T, d_model]`.
+        memory: the encoder output `[B, S, d_model]`.
+        self_attention_mask: bool, broadcastable to `[B, T, T]` (or
+            `[B, T, S_max]` with a cache). Causality is part of this mask:
+            `Decoder` builds it once for all layers. If None,
+            `use_causal_mask` decides.
+        memory_mask: bool, broadcastable to `[B, T, S]`; `[B, 1, S]` masks
+            padded source tokens.
+        use_causal_mask: build the look-ahead mask here (when no
+            `self_attention_mask` is given).
+        self_attention_cache: `(keys, values)` `[B, h, S_max, d]` or None.
+        cross_attention_cache: `(keys, values)` of `memory`, or None.
+        cache_index: position of the first input step in the cache.
+        training: enables dropout.
+        return_attention_scores: also return the self- and cross-attention weights.
+
+    Returns:
+        `outputs [B, T, d_model]`; then, with `return_attention_scores`,
+        `self_weights, cross_weights`; then, with a self-attention cache, the
+        updated cache.
+
+    Example:
+    >>> layer = DecoderLayer(num_heads=8, d_ff=2048)
+    >>> y, memory = keras.random.normal((2, 5, 512)), keras.random.normal((2, 9, 512))
+    >>> layer(y, memory, use_causal_mask=True).shape
+    (2, 5, 512)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        d_ff,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        use_bias=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = keras.activations.get(activation)
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.use_bias = use_bias
+
+    def make_feed_forward(self):
+        """The feed-forward sublayer; override to change it."""
+        return FeedForward(self.d_ff, activation=self.activation, dtype=self.dtype_policy, name="feed_forward")
+
+    def _connection(self, name):
+        return SublayerConnection(
+            self.dropout, self.norm_first, self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def _attention(self, name, key_dim, value_dim):
+        return MultiHeadAttention(
+            self.num_heads,
+            key_dim,
+            value_dim,
+            dropout=self.attention_dropout,
+            use_bias=self.use_bias,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, input_shape, memory_shape=None):
+        d_model = input_shape[-1]
+        memory_shape = memory_shape or input_shape
+        key_dim, value_dim = resolve_head_dims(d_model, self.num_heads, self.key_dim, self.value_dim, self.name)
+        self.self_attention = self._attention("self_attention", key_dim, value_dim)
+        self.self_attention.build(input_shape)
+        self.self_attention_connection = self._connection("self_attention_connection")
+        self.self_attention_connection.build(input_shape)
+        self.cross_attention = self._attention("cross_attention", key_dim, value_dim)
+        self.cross_attention.build(input_shape, memory_shape)
+        self.cross_attention_connection = self._connection("cross_attention_connection")
+        self.cross_attention_connection.build(input_shape)
+        self.feed_forward = self.make_feed_forward()
+        self.feed_forward.build(input_shape)
+        self.feed_forward_connection = self._connection("feed_forward_connection")
+        self.feed_forward_connection.build(input_shape)
+        self.built = True
+
+    def call(
+        self,
+        inputs,
+        memory,
+        self_attention_mask=None,
+        memory_mask=None,
+        use_causal_mask=False,
+        self_attention_cache=None,
+        cross_attention_cache=None,
+        cache_index=None,
+        training=None,
+        return_attention_scores=False,
+    ):
+        x = inputs
+        # 1. Masked multi-head self-attention.
+        y = self.self_attention(
+            self.self_attention_connection.normalize(x),
+            attention_mask=self_attention_mask,
+            use_causal_mask=use_causal_mask and self_attention_mask is None,
+            cache=self_attention_cache,
+            cache_index=cache_index,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )
+        y, self_weights, self_attention_cache = self._unpack(y, return_attention_scores, self_attention_cache)
+        x = self.self_attention_connection(x, y, training=training)
+
+        # 2. Encoder-decoder attention: queries from the decoder, keys and values from the encoder.
+        y = self.cross_attention(
+            self.cross_attention_connection.normalize(x),
+            memory,
+            attention_mask=memory_mask,
+            cache=cross_attention_cache,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )
+        y, cross_weights, _ = self._unpack(y, return_attention_scores, cross_attention_cache)
+        x = self.cross_attention_connection(x, y, training=training)
+
+        # 3. Position-wise feed-forward.
+        y = self.feed_forward(self.feed_forward_connection.normalize(x))
+        x = self.feed_forward_connection(x, y, training=training)
+
+        results = (x,)
+        if return_attention_scores:
+            results += (self_weights, cross_weights)
+        if self_attention_cache is not None:
+            results += (self_attention_cache,)
+        return results[0] if len(results) == 1 else results
+
+    @staticmethod
+    def _unpack(result, with_weights, cache):
+        if not with_weights and cache is None:
+            return result, None, None
+        result = list(result)
+        output = result.pop(0)
+        weights = result.pop(0) if with_weights else None
+        new_cache = result.pop(0) if cache is not None else None
+        return output, weights, new_cache
+
+    def compute_output_shape(self, input_shape, memory_shape=None):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "use_bias": self.use_bias,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Decoder(keras.layers.Layer):
+    """A stack of `num_layers` DecoderLayers (§3.1), with a final LayerNorm for pre-LN.
+
+    Masks are built here once per call and shared by all layers: the
+    look-ahead mask (§3.2.3) combined with target padding, and the source
+    padding mask for encoder-decoder attention.
+
+    For incremental decoding, `init_cache(memory, max_length)` returns
+    `{"self": [...], "cross": [...]}`, one `(keys, values)` pair per layer:
+    preallocated self-attention slots and the encoder output projected once.
+    `call(..., cache=cache, cache_index=i)` then decodes steps
+    `i .. i + T - 1` and returns `(outputs, new_cache)`.
+
+    Args: `num_layers` (N) and those of `DecoderLayer`.
+
+    Call arguments:
+        inputs: `[B, T, d_model]` target embeddings (with positions).
+        memory: encoder output `[B, S, d_model]`.
+        memory_padding_mask: bool `[B, S]`, True at real source tokens.
+        padding_mask: bool `[B, T]`, True at real target tokens (optional:
+            causality alone keeps real positions away from trailing padding).
+        cache, cache_index: see above.
+        training: enables dropout.
+        return_attention_scores: also return
+            `{"self": [per layer], "cross": [per layer]}` weights.
+
+    Example:
+    >>> decoder = Decoder(num_layers=6, num_heads=8, d_ff=2048)
+    >>> y, memory = keras.random.normal((2, 5, 512)), keras.random.normal((2, 9, 512))
+    >>> decoder(y, memory).shape
+    (2, 5, 512)
+    """
+
+    def __init__(
+        self,
+        num_layers,
+        num_heads,
+        d_ff,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        use_bias=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_layers <= 0:
+            raise ValueError(f"{self.name}: num_layers must be positive, got {num_layers}.")
+        self.num_layers = num_layers
+        self.layer_kwargs = dict(
+            num_heads=num_heads,
+            d_ff=d_ff,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation=activation,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            use_bias=use_bias,
+        )
+
+    def build(self, input_shape, memory_shape=None):
+        self.decoder_layers = []
+        for i in range(self.num_layers):
+            layer = DecoderLayer(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
+            layer.build(input_shape, memory_shape)
+            self.decoder_layers.append(layer)
+        self.final_norm = None
+        if self.layer_kwargs["norm_first"]:
+            self.final_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_kwargs["layer_norm_epsilon"], dtype=self.dtype_policy, name="final_norm"
+            )
+            self.final_norm.build(input_shape)
+        self.built = True
+
+    def init_cache(self, memory, max_length):
+        """Decoding cache for `memory [B, S, d_model]` and up to `max_length` target steps."""
+        batch_size = ops.shape(memory)[0]
+        return {
+            "self": [layer.self_attention.init_cache(batch_size, max_length) for layer in self.decoder_layers],
+            "cross": [layer.cross_attention.compute_key_value(memory) for layer in self.decoder_layers],
+        }
+
+    def call(
+        self,
+        inputs,
+        memory,
+        memory_padding_mask=None,
+        padding_mask=None,
+        cache=None,
+        cache_index=None,
+        training=None,
+        return_attention_scores=False,
+    ):
+        length = ops.shape(inputs)[1]
+        if cache is None:
+            self_mask = causal_mask(length, length)
+            if padding_mask is not None:
+                self_mask = ops.logical_and(self_mask, ops.cast(padding_mask, "bool")[:, None, :])
+        else:
+            if cache_index is None:
+                raise ValueError(f"{self.name}: decoding with a cache needs `cache_index`.")
+            max_length = ops.shape(cache["self"][0][0])[2]
+            self_mask = causal_mask(length, max_length, offset=cache_index)
+        memory_mask = None
+        if memory_padding_mask is not None:
+            memory_mask = ops.cast(memory_padding_mask, "bool")[:, None, :]
+
+        x = inputs
+        new_self_cache, self_weights, cross_weights = [], [], []
+        for i, layer in enumerate(self.decoder_layers):
+            out = layer(
+                x,
+                memory,
+                self_attention_mask=self_mask,
+                memory_mask=memory_mask,
+                self_attention_cache=None if cache is None else cache["self"][i],
+                cross_attention_cache=None if cache is None else cache["cross"][i],
+                cache_index=cache_index,
+                training=training,
+                return_attention_scores=return_attention_scores,
+            )
+            if not isinstance(out, (tuple, list)):
+                x = out
+                continue
+            out = list(out)
+            x = out.pop(0)
+            if return_attention_scores:
+                self_weights.append(out.pop(0))
+                cross_weights.append(out.pop(0))
+            if cache is not None:
+                new_self_cache.append(out.pop(0))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+
+        results = (x,)
+        if return_attention_scores:
+            results += ({"self": self_weights, "cross": cross_weights},)
+        if cache is not None:
+            results += ({"self": new_self_cache, "cross": cache["cross"]},)
+        return results[0] if len(results) == 1 else results
+
+    def compute_output_shape(self, input_shape, memory_shape=None):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_layers": self.num_layers, **self.layer_kwargs})
+        config["activation"] = keras.activations.serialize(keras.activations.get(config["activation"]))
+        return config

@@ -1,0 +1,101 @@
+"""Token embeddings and the pre-softmax projection (Vaswani et al., 2017, §3.4).
+
+"We use learned embeddings to convert the input tokens and output tokens to
+vectors of dimension d_model. [...] we share the same weight matrix between
+the two embedding layers and the pre-softmax linear transformation [...]. In
+the embedding layers, we multiply those weights by sqrt(d_model)."
+"""
+
+import math
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class SharedEmbedding(keras.layers.Layer):
+    """A token embedding matrix that is also the pre-softmax projection (§3.4).
+
+    `layer(ids)` looks tokens up and multiplies by sqrt(d_model);
+    `layer.project(x)` returns the logits `x E^T`. One instance used for the
+    source, the target and the output shares one matrix between all three, as
+    the paper does; separate instances give separate matrices.
+
+    The lookup reads the float32 matrix even under a mixed precision policy and
+    casts the gathered rows: the gradient of a gather is a scatter-add, which
+    is slow and lossy in bfloat16.
+
+    Args:
+        vocab_size: number of tokens; id 0 is padding.
+        d_model: embedding width.
+        scale: multiply looked-up embeddings by sqrt(d_model) (§3.4).
+        embeddings_initializer: default normal with stddev d_model^-0.5, so
+            that the scaled embeddings have unit variance like the positional
+            encodings they are added to (the paper does not state its
+            initializer; this is tensor2tensor's).
+
+    Call arguments:
+        token_ids: int `[B, T]`.
+
+    Returns:
+        `[B, T, d_model]` in the layer's compute dtype.
+
+    Example:
+    >>> embedding = SharedEmbedding(vocab_size=8000, d_model=256)
+    >>> x = embedding(ops.ones((2, 5), dtype="int32"))   # [2, 5, 256]
+    >>> logits = embedding.project(x)                     # [2, 5, 8000]
+    """
+
+    def __init__(self, vocab_size, d_model, scale=True, embeddings_initializer=None, **kwargs):
+        # autocast=False: we cast by hand, after the gather (see class docstring).
+        kwargs.setdefault("autocast", False)
+        super().__init__(**kwargs)
+        if vocab_size <= 0 or d_model <= 0:
+            raise ValueError(
+                f"{self.name}: vocab_size and d_model must be positive, got {vocab_size} and {d_model}."
+            )
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.scale = scale
+        self.embeddings_initializer = keras.initializers.get(
+            embeddings_initializer or keras.initializers.RandomNormal(stddev=d_model**-0.5)
+        )
+
+    def build(self, input_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocab_size, self.d_model),
+            initializer=self.embeddings_initializer,
+        )
+        self.built = True
+
+    def call(self, token_ids):
+        if not self.built:
+            self.build()
+        token_ids = ops.cast(token_ids, "int32")
+        vectors = ops.take(self.embeddings, token_ids, axis=0)
+        if self.scale:
+            vectors = vectors * math.sqrt(self.d_model)
+        return ops.cast(vectors, self.compute_dtype)
+
+    def project(self, x):
+        """The pre-softmax linear transformation: `[..., d_model] -> [..., vocab_size]` logits."""
+        if not self.built:
+            self.build()
+        kernel = ops.cast(self.embeddings, self.compute_dtype)
+        return ops.matmul(ops.cast(x, self.compute_dtype), ops.transpose(kernel))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.d_model,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocab_size": self.vocab_size,
+                "d_model": self.d_model,
+                "scale": self.scale,
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+            }
+        )
+        return config

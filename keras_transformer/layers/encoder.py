@@ -1,0 +1,256 @@
+"""The encoder: a stack of N identical layers (Vaswani et al., 2017, §3.1).
+
+"Each layer has two sub-layers. The first is a multi-head self-attention
+mechanism, and the second is a simple, position-wise fully connected
+feed-forward network. We employ a residual connection around each of the two
+sub-layers, followed by layer normalization."
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.sublayer import SublayerConnection
+
+
+def resolve_head_dims(d_model, num_heads, key_dim, value_dim, where):
+    """Default d_k = d_v = d_model / h (§3.2.2), with a clear error when it does not divide."""
+    if key_dim is None:
+        if d_model % num_heads:
+            raise ValueError(
+                f"{where}: d_model={d_model} is not divisible by num_heads={num_heads}; pass key_dim."
+            )
+        key_dim = d_model // num_heads
+    return key_dim, value_dim or key_dim
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class EncoderLayer(keras.layers.Layer):
+    """One encoder layer: self-attention, then feed-forward, each in a residual connection (§3.1).
+
+    Subclass it and override `make_feed_forward` (or pass `activation`) to
+    change the feed-forward sublayer; the subclass serializes like this class.
+
+    Args:
+        num_heads: h.
+        d_ff: inner width of the feed-forward network.
+        key_dim: d_k; default d_model // num_heads.
+        value_dim: d_v; default key_dim.
+        dropout: residual dropout P_drop (§5.4).
+        attention_dropout: dropout on attention weights (0 in the paper).
+        activation: feed-forward activation ("relu", §3.3).
+        norm_first: pre-LN instead of the paper's post-LN.
+        layer_norm_epsilon: LayerNorm epsilon.
+        use_bias: biases in the attention projections.
+
+    Call arguments:
+        inputs: `[B, S, d_model]`.
+        attention_mask: bool, broadcastable to `[B, S, S]`; `[B, 1, S]` masks
+            padded keys.
+        training: enables dropout.
+        return_attention_scores: also return the weights `[B, h, S, S]`.
+
+    Example:
+    >>> layer = EncoderLayer(num_heads=8, d_ff=2048)
+    >>> layer(keras.random.normal((2, 9, 512))).shape
+    (2, 9, 512)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        d_ff,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        use_bias=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = keras.activations.get(activation)
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.use_bias = use_bias
+
+    def make_feed_forward(self):
+        """The feed-forward sublayer; override to change it."""
+        return FeedForward(self.d_ff, activation=self.activation, dtype=self.dtype_policy, name="feed_forward")
+
+    def _connection(self, name):
+        return SublayerConnection(
+            self.dropout, self.norm_first, self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        key_dim, value_dim = resolve_head_dims(d_model, self.num_heads, self.key_dim, self.value_dim, self.name)
+        self.self_attention = MultiHeadAttention(
+            self.num_heads,
+            key_dim,
+            value_dim,
+            dropout=self.attention_dropout,
+            use_bias=self.use_bias,
+            dtype=self.dtype_policy,
+            name="self_attention",
+        )
+        self.self_attention.build(input_shape)
+        self.self_attention_connection = self._connection("self_attention_connection")
+        self.self_attention_connection.build(input_shape)
+        self.feed_forward = self.make_feed_forward()
+        self.feed_forward.build(input_shape)
+        self.feed_forward_connection = self._connection("feed_forward_connection")
+        self.feed_forward_connection.build(input_shape)
+        self.built = True
+
+    def call(self, inputs, attention_mask=None, training=None, return_attention_scores=False):
+        x = inputs
+        y = self.self_attention(
+            self.self_attention_connection.normalize(x),
+            attention_mask=attention_mask,
+            return_attention_scores=return_attention_scores,
+            training=training,
+        )
+        if return_attention_scores:
+            y, weights = y
+        x = self.self_attention_connection(x, y, training=training)
+        y = self.feed_forward(self.feed_forward_connection.normalize(x))
+        x = self.feed_forward_connection(x, y, training=training)
+        return (x, weights) if return_attention_scores else x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "use_bias": self.use_bias,
+            }
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Encoder(keras.layers.Layer):
+    """A stack of `num_layers` EncoderLayers (§3.1), with a final LayerNorm for pre-LN.
+
+    It reads embeddings (add positions yourself, e.g. with
+    `PositionalEncoding`) and a padding mask, which it turns into the
+    attention mask once for all layers.
+
+    Args:
+        num_layers: N.
+        num_heads, d_ff, key_dim, value_dim, dropout, attention_dropout,
+        activation, norm_first, layer_norm_epsilon, use_bias: as in
+            `EncoderLayer`.
+
+    Call arguments:
+        inputs: `[B, S, d_model]` embeddings.
+        padding_mask: bool `[B, S]`, True at real tokens. If omitted, a Keras
+            mask on `inputs` (e.g. from `Embedding(mask_zero=True)`) is used.
+        training: enables dropout.
+        return_attention_scores: also return a list of each layer's weights.
+
+    Returns:
+        `[B, S, d_model]` (and the list of weights).
+
+    Example:
+    >>> encoder = Encoder(num_layers=6, num_heads=8, d_ff=2048)
+    >>> x = keras.random.normal((2, 9, 512))
+    >>> encoder(x, padding_mask=ops.ones((2, 9), "bool")).shape
+    (2, 9, 512)
+    """
+
+    def __init__(
+        self,
+        num_layers,
+        num_heads,
+        d_ff,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        use_bias=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_layers <= 0:
+            raise ValueError(f"{self.name}: num_layers must be positive, got {num_layers}.")
+        self.num_layers = num_layers
+        self.layer_kwargs = dict(
+            num_heads=num_heads,
+            d_ff=d_ff,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation=activation,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            use_bias=use_bias,
+        )
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        self.encoder_layers = []
+        for i in range(self.num_layers):
+            layer = EncoderLayer(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
+            layer.build(input_shape)
+            self.encoder_layers.append(layer)
+        self.final_norm = None
+        if self.layer_kwargs["norm_first"]:
+            self.final_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_kwargs["layer_norm_epsilon"], dtype=self.dtype_policy, name="final_norm"
+            )
+            self.final_norm.build(input_shape)
+        self.built = True
+
+    def call(self, inputs, padding_mask=None, mask=None, training=None, return_attention_scores=False):
+        if padding_mask is None:
+            padding_mask = mask
+        attention_mask = None if padding_mask is None else ops.cast(padding_mask, "bool")[:, None, :]
+        x, all_weights = inputs, []
+        for layer in self.encoder_layers:
+            x = layer(x, attention_mask=attention_mask, training=training,
+                      return_attention_scores=return_attention_scores)
+            if return_attention_scores:
+                x, weights = x
+                all_weights.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return (x, all_weights) if return_attention_scores else x
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_layers": self.num_layers, **self.layer_kwargs})
+        config["activation"] = keras.activations.serialize(keras.activations.get(config["activation"]))
+        return config

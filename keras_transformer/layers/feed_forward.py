@@ -1,0 +1,73 @@
+"""Position-wise feed-forward network (Vaswani et al., 2017, §3.3).
+
+    FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
+"""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class FeedForward(keras.layers.Layer):
+    """Two linear maps with a ReLU between, applied to each position alike (§3.3).
+
+    Args:
+        d_ff: inner width (2048 in the base model).
+        output_dim: output width; default the input width (d_model).
+        activation: "relu" in the paper; any Keras activation works.
+        kernel_initializer: initializer of W_1 and W_2.
+
+    Call arguments:
+        inputs: `[B, T, d_model]`.
+
+    Returns:
+        `[B, T, output_dim]`.
+
+    Example:
+    >>> FeedForward(d_ff=2048)(keras.random.normal((2, 7, 512))).shape
+    (2, 7, 512)
+    """
+
+    def __init__(self, d_ff, output_dim=None, activation="relu", kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if d_ff <= 0:
+            raise ValueError(f"{self.name}: d_ff must be positive, got {d_ff}.")
+        self.d_ff = d_ff
+        self.output_dim = output_dim
+        self.activation = keras.activations.get(activation)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+    def build(self, input_shape):
+        self.inner = keras.layers.Dense(
+            self.d_ff,
+            activation=self.activation,
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="inner",
+        )
+        self.inner.build(input_shape)
+        self.outer = keras.layers.Dense(
+            self.output_dim or input_shape[-1],
+            kernel_initializer=self.kernel_initializer,
+            dtype=self.dtype_policy,
+            name="outer",
+        )
+        self.outer.build(tuple(input_shape[:-1]) + (self.d_ff,))
+        self.built = True
+
+    def call(self, inputs):
+        return self.outer(self.inner(inputs))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "d_ff": self.d_ff,
+                "output_dim": self.output_dim,
+                "activation": keras.activations.serialize(self.activation),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config

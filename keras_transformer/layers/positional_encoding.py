@@ -1,0 +1,105 @@
+"""Positional encodings (Vaswani et al., 2017, §3.5).
+
+    PE(pos, 2i)   = sin(pos / 10000^(2i / d_model))
+    PE(pos, 2i+1) = cos(pos / 10000^(2i / d_model))
+
+The sinusoids are computed for the positions actually present, so any length
+works. The learned alternative is the one the paper compared in Table 3,
+row (E) ("nearly identical results").
+"""
+
+import math
+
+import keras
+from keras import ops
+
+
+def sinusoidal_encoding(positions, d_model, dtype="float32"):
+    """The §3.5 table for `positions` (int `[T]`): `[T, d_model]`, sin at even, cos at odd columns."""
+    half = (d_model + 1) // 2
+    # 1 / 10000^(2i / d_model) for i = 0 .. half-1
+    inverse_frequency = ops.exp(
+        ops.arange(half, dtype="float32") * (-2.0 * math.log(10000.0) / d_model)
+    )
+    angles = ops.cast(positions, "float32")[:, None] * inverse_frequency[None, :]
+    # Interleave: column 2i is sin, column 2i+1 is cos, exactly as in the paper.
+    table = ops.reshape(ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1), (-1, 2 * half))
+    return ops.cast(table[:, :d_model], dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEncoding(keras.layers.Layer):
+    """Adds the sinusoidal positional encoding of §3.5 to its input.
+
+    Args:
+        none besides the usual layer arguments; `d_model` is read from the input.
+
+    Call arguments:
+        inputs: `[B, T, d_model]` embeddings.
+        start_index: position of the first step (int, possibly a tensor);
+            incremental decoding passes the current step.
+
+    Returns:
+        `inputs + PE[start_index : start_index + T]`.
+
+    Example:
+    >>> PositionalEncoding()(ops.zeros((1, 3, 4)))[0]  # rows are PE(0), PE(1), PE(2)
+    """
+
+    def call(self, inputs, start_index=0):
+        length = ops.shape(inputs)[1]
+        positions = ops.arange(length) + start_index
+        table = sinusoidal_encoding(positions, inputs.shape[-1], self.compute_dtype)
+        return inputs + table[None, :, :]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LearnedPositionalEmbedding(keras.layers.Layer):
+    """Adds a learned embedding of each position (Table 3, row E).
+
+    Args:
+        max_length: number of positions the table covers; longer inputs are an error.
+        initializer: initializer of the table.
+
+    Call arguments:
+        inputs: `[B, T, d_model]` embeddings.
+        start_index: position of the first step.
+    """
+
+    def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        if max_length <= 0:
+            raise ValueError(f"{self.name}: max_length must be positive, got {max_length}.")
+        self.max_length = max_length
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, input_shape):
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings",
+            shape=(self.max_length, input_shape[-1]),
+            initializer=self.initializer,
+        )
+        self.built = True
+
+    def call(self, inputs, start_index=0):
+        length = inputs.shape[1]
+        if isinstance(length, int) and isinstance(start_index, int) and start_index + length > self.max_length:
+            raise ValueError(
+                f"{self.name}: sequence of {start_index + length} positions is longer than "
+                f"max_length={self.max_length} of the learned position table."
+            )
+        positions = ops.arange(ops.shape(inputs)[1]) + start_index
+        return inputs + ops.take(self.position_embeddings, positions, axis=0)[None, :, :]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {"max_length": self.max_length, "initializer": keras.initializers.serialize(self.initializer)}
+        )
+        return config

@@ -1,0 +1,123 @@
+"""Label-smoothed cross-entropy and token accuracy that ignore padding (Vaswani et al., 2017, §5.4).
+
+"During training, we employed label smoothing of value epsilon_ls = 0.1. This
+hurts perplexity, as the model learns to be more unsure, but improves
+accuracy and BLEU score." The smoothed target of Szegedy et al. (2016), the
+paper's reference [36], is
+
+    q(k) = (1 - epsilon) * [k = y] + epsilon / V
+
+so the loss of one token with logits z is
+
+    -sum_k q(k) log p(k) = logsumexp(z) - (1 - epsilon) z_y - (epsilon / V) sum_k z_k
+
+with the closed-form gradient softmax(z) - q: no scatter, no one-hot in the
+forward pass.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer import distribute
+
+PAD_ID = 0
+
+
+def _smoothed_token_loss(logits, labels, epsilon):
+    """Per-token loss `[...]` of float32 `logits [..., V]` and int `labels [...]`."""
+    vocab_size = logits.shape[-1]
+
+    @ops.custom_gradient
+    def loss_fn(z):
+        log_normalizer = ops.logsumexp(z, axis=-1)
+        target_logit = ops.squeeze(ops.take_along_axis(z, labels[..., None], axis=-1), axis=-1)
+        loss = log_normalizer - (1.0 - epsilon) * target_logit - epsilon * ops.mean(z, axis=-1)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            target = (1.0 - epsilon) * ops.one_hot(labels, vocab_size, dtype=z.dtype) + epsilon / vocab_size
+            return upstream[..., None] * (ops.exp(z - log_normalizer[..., None]) - target)
+
+        return loss, grad
+
+    return loss_fn(logits)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LabelSmoothedCrossEntropy(keras.losses.Loss):
+    """Sparse label-smoothed cross-entropy over logits, averaged over real tokens (§5.4).
+
+    Tokens whose label is `pad_id` contribute nothing. The mean is taken over
+    the real tokens of the whole global batch, also under a `tf.distribute`
+    strategy (each replica divides its sum by the all-reduced token count), so
+    one device and N replicas train alike.
+
+    Args:
+        label_smoothing: epsilon_ls; 0.1 in the paper.
+        pad_id: label id to ignore.
+
+    Call arguments:
+        y_true: int labels `[B, T]`.
+        y_pred: logits `[B, T, V]` (computed in float32 whatever their dtype).
+
+    Example:
+    >>> loss = LabelSmoothedCrossEntropy(0.1)
+    >>> loss(ops.array([[5, 0]]), keras.random.normal((1, 2, 10)))  # ignores the padded 2nd token
+    """
+
+    def __init__(self, label_smoothing=0.1, pad_id=PAD_ID, name="label_smoothed_cross_entropy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
+        self.label_smoothing = label_smoothing
+        self.pad_id = pad_id
+
+    def call(self, y_true, y_pred):
+        """Per-token losses `[B, T]`, zero at padding."""
+        labels = ops.cast(y_true, "int32")
+        losses = _smoothed_token_loss(ops.cast(y_pred, "float32"), labels, self.label_smoothing)
+        return ops.where(labels != self.pad_id, losses, 0.0)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        labels = ops.cast(y_true, "int32")
+        losses = self.call(labels, y_pred)
+        weights = ops.cast(labels != self.pad_id, "float32")
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+            while len(sample_weight.shape) < len(weights.shape):
+                sample_weight = sample_weight[..., None]
+            weights = weights * sample_weight
+            losses = losses * sample_weight
+        # Keras sums the replicas' gradients: dividing each replica's sum by the
+        # global count makes that sum the gradient of the global mean.
+        count = distribute.sum_over_replicas(ops.sum(weights))
+        return ops.sum(losses) / ops.maximum(count, 1.0)
+
+    def get_config(self):
+        return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MaskedAccuracy(keras.metrics.Mean):
+    """Teacher-forced token accuracy over non-padding tokens.
+
+    A token counts as right when the logit of its label is the maximum: one
+    max-reduction instead of an argmax and a comparison.
+    """
+
+    def __init__(self, pad_id=PAD_ID, name="accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.pad_id = pad_id
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        labels = ops.cast(y_true, "int32")
+        target_logit = ops.squeeze(ops.take_along_axis(y_pred, labels[..., None], axis=-1), axis=-1)
+        correct = ops.cast(target_logit >= ops.max(y_pred, axis=-1), "float32")
+        weights = ops.cast(labels != self.pad_id, "float32")
+        if sample_weight is not None:
+            weights = weights * ops.cast(sample_weight, "float32")
+        return super().update_state(correct, sample_weight=weights)
+
+    def get_config(self):
+        return {**super().get_config(), "pad_id": self.pad_id}

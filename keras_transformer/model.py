@@ -1,0 +1,208 @@
+"""The encoder-decoder Transformer as a `keras.Model` (Vaswani et al., 2017, §3, Figure 1).
+
+    source ids -> embedding * sqrt(d_model) + PE -> dropout -> Encoder -> memory
+    target ids -> embedding * sqrt(d_model) + PE -> dropout -> Decoder(memory)
+               -> pre-softmax projection (shared with the embeddings) -> logits
+
+Token id 0 is padding everywhere; every mask is derived from the ids.
+"""
+
+import keras
+from keras import ops
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.layers import (
+    Decoder,
+    Encoder,
+    LearnedPositionalEmbedding,
+    PositionalEncoding,
+    SharedEmbedding,
+)
+from keras_transformer.losses import PAD_ID, LabelSmoothedCrossEntropy, MaskedAccuracy
+from keras_transformer.optimization import create_optimizer
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The Transformer of Figure 1 for sequence-to-sequence learning.
+
+    Args:
+        config: a `TransformerConfig` (or its dict).
+
+    Call arguments:
+        inputs: `(source_ids [B, S], target_ids [B, T])`, int, 0-padded.
+            `target_ids` is the decoder input (start token, then the target
+            shifted right).
+        training: enables dropout.
+
+    Returns:
+        float32 logits `[B, T, vocab_size]`.
+
+    `compile()` with no arguments sets up the paper's training: Adam with
+    `TransformerSchedule` (§5.3), `LabelSmoothedCrossEntropy` (§5.4) and
+    `MaskedAccuracy`; any argument overrides its part.
+
+    For decoding (see `keras_transformer.decoding`): `encode`,
+    `init_cache`, `decode_step`.
+
+    Example:
+    >>> model = Transformer(TransformerConfig.tiny(vocab_size=1000))
+    >>> model.compile()
+    >>> logits = model((source_ids, target_ids))
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = TransformerConfig.from_dict(config)
+        self.config = config
+        c = config
+        if c.share_embeddings:
+            shared = SharedEmbedding(c.vocab_size, c.d_model, dtype=self.dtype_policy, name="shared_embedding")
+            self.source_embedding = self.target_embedding = self.output_projection = shared
+        else:
+            self.source_embedding = SharedEmbedding(
+                c.vocab_size, c.d_model, dtype=self.dtype_policy, name="source_embedding"
+            )
+            self.target_embedding = SharedEmbedding(
+                c.vocab_size, c.d_model, dtype=self.dtype_policy, name="target_embedding"
+            )
+            self.output_projection = SharedEmbedding(
+                c.vocab_size, c.d_model, scale=False, dtype=self.dtype_policy, name="output_projection"
+            )
+        if c.positional_encoding == "sinusoidal":
+            self.source_positions = self.target_positions = PositionalEncoding(
+                dtype=self.dtype_policy, name="positional_encoding"
+            )
+        else:
+            self.source_positions = LearnedPositionalEmbedding(
+                c.max_length, dtype=self.dtype_policy, name="source_positions"
+            )
+            self.target_positions = LearnedPositionalEmbedding(
+                c.max_length, dtype=self.dtype_policy, name="target_positions"
+            )
+        # "We apply dropout to the sums of the embeddings and the positional encodings" (§5.4).
+        self.source_dropout = keras.layers.Dropout(c.dropout, dtype=self.dtype_policy, name="source_dropout")
+        self.target_dropout = keras.layers.Dropout(c.dropout, dtype=self.dtype_policy, name="target_dropout")
+        stack = dict(
+            num_layers=c.num_layers,
+            num_heads=c.num_heads,
+            d_ff=c.d_ff,
+            key_dim=c.key_dim,
+            value_dim=c.value_dim,
+            dropout=c.dropout,
+            attention_dropout=c.attention_dropout,
+            activation=c.activation,
+            norm_first=c.norm_first,
+            layer_norm_epsilon=c.layer_norm_epsilon,
+            use_bias=c.use_bias,
+            dtype=self.dtype_policy,
+        )
+        self.encoder = Encoder(**stack, name="encoder")
+        self.decoder = Decoder(**stack, name="decoder")
+
+    def build(self, input_shape=None):
+        d_model = self.config.d_model
+        embedded = (None, None, d_model)
+        for layer in {id(l): l for l in (self.source_embedding, self.target_embedding, self.output_projection)}.values():
+            layer.build()
+        for layer in {id(l): l for l in (self.source_positions, self.target_positions)}.values():
+            layer.build(embedded)
+        self.encoder.build(embedded)
+        self.decoder.build(embedded, embedded)
+        self.built = True
+
+    # The three parts of Figure 1 ---------------------------------------------------
+
+    def encode(self, source_ids, training=None, return_attention_scores=False):
+        """Encoder stack: `source_ids [B, S]` -> memory `[B, S, d_model]`."""
+        x = self.source_embedding(source_ids)
+        x = self.source_dropout(self.source_positions(x), training=training)
+        return self.encoder(
+            x,
+            padding_mask=ops.not_equal(source_ids, PAD_ID),
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+
+    def decode(self, target_ids, memory, source_ids, training=None, return_attention_scores=False):
+        """Decoder stack and output projection: logits `[B, T, vocab_size]` for every position."""
+        y = self.target_embedding(target_ids)
+        y = self.target_dropout(self.target_positions(y), training=training)
+        y = self.decoder(
+            y,
+            memory,
+            memory_padding_mask=ops.not_equal(source_ids, PAD_ID),
+            padding_mask=ops.not_equal(target_ids, PAD_ID),
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+        if return_attention_scores:
+            y, weights = y
+            return self._logits(y), weights
+        return self._logits(y)
+
+    def _logits(self, y):
+        # Float32 logits: the softmax over the vocabulary needs the precision.
+        return ops.cast(self.output_projection.project(y), "float32")
+
+    def call(self, inputs, training=None):
+        source_ids, target_ids = inputs
+        memory = self.encode(source_ids, training=training)
+        return self.decode(target_ids, memory, source_ids, training=training)
+
+    # Incremental decoding ------------------------------------------------------------
+
+    def init_cache(self, memory, max_length):
+        """Cache for decoding up to `max_length` steps against `memory` (see `Decoder.init_cache`)."""
+        return self.decoder.init_cache(memory, max_length)
+
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index):
+        """Decodes the steps `cache_index .. cache_index + T - 1` given the cache of earlier steps.
+
+        Args:
+            target_ids: int `[B, T]` (T = 1 when decoding token by token).
+            memory: encoder output `[B, S, d_model]`.
+            source_ids: `[B, S]`, for the source padding mask.
+            cache: from `init_cache` or the previous step.
+            cache_index: int scalar, position of `target_ids[:, 0]`.
+
+        Returns:
+            `(logits [B, T, vocab_size], new_cache)`; the logits equal those of
+            the full forward pass at the same positions.
+        """
+        y = self.target_embedding(target_ids)
+        y = self.target_positions(y, start_index=cache_index)
+        y, cache = self.decoder(
+            y,
+            memory,
+            memory_padding_mask=ops.not_equal(source_ids, PAD_ID),
+            cache=cache,
+            cache_index=cache_index,
+            training=False,
+        )
+        return self._logits(y), cache
+
+    # Training setup --------------------------------------------------------------------
+
+    def compile(self, optimizer=None, loss=None, metrics=None, **kwargs):
+        """Keras `compile`, defaulting to the paper's training (§5.3, §5.4)."""
+        c = self.config
+        super().compile(
+            optimizer=optimizer if optimizer is not None else create_optimizer(c.d_model),
+            loss=loss if loss is not None else LabelSmoothedCrossEntropy(c.label_smoothing),
+            metrics=metrics if metrics is not None else [MaskedAccuracy()],
+            **kwargs,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config["config"] = self.config.to_dict()
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        model_config = TransformerConfig.from_dict(config.pop("config"))
+        base = {k: config[k] for k in ("name", "dtype", "trainable") if k in config}
+        return cls(model_config, **base)

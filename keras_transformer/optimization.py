@@ -1,0 +1,68 @@
+"""The optimizer and learning-rate schedule of the paper (Vaswani et al., 2017, §5.3).
+
+    lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)      (3)
+
+with Adam, beta_1 = 0.9, beta_2 = 0.98, epsilon = 1e-9 and warmup_steps = 4000.
+"""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Equation (3): linear warmup, then decay with the inverse square root of the step (§5.3).
+
+    Keras calls a schedule with `optimizer.iterations`, the number of updates
+    already applied (0 for the first). The paper counts steps from 1, so the
+    update with `iterations = k` uses `step_num = k + 1`: the first update
+    gets a small positive rate, not zero. Use `rate(step_num)` for the
+    formula itself.
+
+    Args:
+        d_model: model width.
+        warmup_steps: steps of linear warmup (4000 in the paper).
+        scale: constant multiplier on the formula (1.0 in the paper;
+            tensor2tensor later used 2.0).
+
+    Example:
+    >>> schedule = TransformerSchedule(512)
+    >>> float(schedule.rate(4000))  # the peak: 512^-0.5 * 4000^-0.5
+    0.000698...
+    """
+
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+        if d_model <= 0 or warmup_steps <= 0:
+            raise ValueError(
+                f"TransformerSchedule: d_model and warmup_steps must be positive, got {d_model} and {warmup_steps}."
+            )
+        self.d_model = d_model
+        self.warmup_steps = warmup_steps
+        self.scale = scale
+
+    def rate(self, step_num):
+        """Equation (3) at the 1-based `step_num`."""
+        step_num = ops.cast(step_num, "float32")
+        return (
+            self.scale
+            * self.d_model**-0.5
+            * ops.minimum(ops.rsqrt(step_num), step_num * self.warmup_steps**-1.5)
+        )
+
+    def __call__(self, step):
+        return self.rate(ops.cast(step, "float32") + 1.0)
+
+    def get_config(self):
+        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
+
+
+def create_optimizer(d_model, warmup_steps=4000, scale=1.0, **kwargs):
+    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on `TransformerSchedule` (§5.3).
+
+    Extra keyword arguments go to `keras.optimizers.Adam` (e.g. `clipnorm`).
+    """
+    options = dict(beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    options.update(kwargs)
+    return keras.optimizers.Adam(
+        learning_rate=TransformerSchedule(d_model, warmup_steps, scale), **options
+    )
