@@ -195,6 +195,12 @@ class Transformer(keras.Model):
             **kwargs,
         )
 
+    def compile_from_config(self, config):
+        """Recompiles a reloaded `.keras` model with the optimizer, loss and metrics it was saved with."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
     def get_config(self):
         config = super().get_config()
         config["config"] = self.config.to_dict()

@@ -112,7 +112,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.supports_masking = False
+        # Output positions are the query positions: a Keras mask on the query passes through.
+        self.supports_masking = True
 
     def build(self, query_shape, key_value_shape=None):
         query_dim = query_shape[-1]

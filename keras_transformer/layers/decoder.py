@@ -96,22 +96,22 @@ class DecoderLayer(keras.layers.Layer):
             name=name,
         )
 
-    def build(self, input_shape, memory_shape=None):
-        d_model = input_shape[-1]
-        memory_shape = memory_shape or input_shape
+    def build(self, inputs_shape, memory_shape=None):
+        d_model = inputs_shape[-1]
+        memory_shape = memory_shape or inputs_shape
         key_dim, value_dim = resolve_head_dims(d_model, self.num_heads, self.key_dim, self.value_dim, self.name)
         self.self_attention = self._attention("self_attention", key_dim, value_dim)
-        self.self_attention.build(input_shape)
+        self.self_attention.build(inputs_shape)
         self.self_attention_connection = self._connection("self_attention_connection")
-        self.self_attention_connection.build(input_shape)
+        self.self_attention_connection.build(inputs_shape)
         self.cross_attention = self._attention("cross_attention", key_dim, value_dim)
-        self.cross_attention.build(input_shape, memory_shape)
+        self.cross_attention.build(inputs_shape, memory_shape)
         self.cross_attention_connection = self._connection("cross_attention_connection")
-        self.cross_attention_connection.build(input_shape)
+        self.cross_attention_connection.build(inputs_shape)
         self.feed_forward = self.make_feed_forward()
-        self.feed_forward.build(input_shape)
+        self.feed_forward.build(inputs_shape)
         self.feed_forward_connection = self._connection("feed_forward_connection")
-        self.feed_forward_connection.build(input_shape)
+        self.feed_forward_connection.build(inputs_shape)
         self.built = True
 
     def call(
@@ -174,8 +174,8 @@ class DecoderLayer(keras.layers.Layer):
         new_cache = result.pop(0) if cache is not None else None
         return output, weights, new_cache
 
-    def compute_output_shape(self, input_shape, memory_shape=None):
-        return input_shape
+    def compute_output_shape(self, inputs_shape, memory_shape=None):
+        return inputs_shape
 
     def get_config(self):
         config = super().get_config()
@@ -262,18 +262,18 @@ class Decoder(keras.layers.Layer):
             use_bias=use_bias,
         )
 
-    def build(self, input_shape, memory_shape=None):
+    def build(self, inputs_shape, memory_shape=None):
         self.decoder_layers = []
         for i in range(self.num_layers):
             layer = DecoderLayer(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
-            layer.build(input_shape, memory_shape)
+            layer.build(inputs_shape, memory_shape)
             self.decoder_layers.append(layer)
         self.final_norm = None
         if self.layer_kwargs["norm_first"]:
             self.final_norm = keras.layers.LayerNormalization(
                 epsilon=self.layer_kwargs["layer_norm_epsilon"], dtype=self.dtype_policy, name="final_norm"
             )
-            self.final_norm.build(input_shape)
+            self.final_norm.build(inputs_shape)
         self.built = True
 
     def init_cache(self, memory, max_length):
@@ -343,8 +343,8 @@ class Decoder(keras.layers.Layer):
             results += ({"self": new_self_cache, "cross": cache["cross"]},)
         return results[0] if len(results) == 1 else results
 
-    def compute_output_shape(self, input_shape, memory_shape=None):
-        return input_shape
+    def compute_output_shape(self, inputs_shape, memory_shape=None):
+        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

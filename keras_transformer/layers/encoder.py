@@ -82,6 +82,7 @@ class EncoderLayer(keras.layers.Layer):
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
         self.use_bias = use_bias
+        self.supports_masking = True
 
     def make_feed_forward(self):
         """The feed-forward sublayer; override to change it."""

@@ -35,6 +35,7 @@ class FeedForward(keras.layers.Layer):
         self.output_dim = output_dim
         self.activation = keras.activations.get(activation)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
 
     def build(self, input_shape):
         self.inner = keras.layers.Dense(

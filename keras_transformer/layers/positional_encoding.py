@@ -46,6 +46,10 @@ class PositionalEncoding(keras.layers.Layer):
     >>> PositionalEncoding()(ops.zeros((1, 3, 4)))[0]  # rows are PE(0), PE(1), PE(2)
     """
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
     def call(self, inputs, start_index=0):
         length = ops.shape(inputs)[1]
         positions = ops.arange(length) + start_index

@@ -33,12 +33,13 @@ class SublayerConnection(keras.layers.Layer):
         self.dropout = dropout
         self.norm_first = norm_first
         self.epsilon = epsilon
+        self.supports_masking = True
 
-    def build(self, input_shape, sublayer_output_shape=None):
+    def build(self, inputs_shape, sublayer_output_shape=None):
         self.layer_norm = keras.layers.LayerNormalization(
             epsilon=self.epsilon, dtype=self.dtype_policy, name="layer_norm"
         )
-        self.layer_norm.build(input_shape)
+        self.layer_norm.build(inputs_shape)
         self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
 
@@ -50,8 +51,8 @@ class SublayerConnection(keras.layers.Layer):
         residual = inputs + self.residual_dropout(sublayer_output, training=training)
         return residual if self.norm_first else self.layer_norm(residual)
 
-    def compute_output_shape(self, input_shape, sublayer_output_shape=None):
-        return input_shape
+    def compute_output_shape(self, inputs_shape, sublayer_output_shape=None):
+        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

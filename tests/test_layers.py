@@ -1,0 +1,220 @@
+"""Layers against the paper's formulas, computed independently in NumPy."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer.layers import (
+    Decoder,
+    DecoderLayer,
+    Encoder,
+    EncoderLayer,
+    FeedForward,
+    LearnedPositionalEmbedding,
+    MultiHeadAttention,
+    PositionalEncoding,
+    SharedEmbedding,
+    sinusoidal_encoding,
+)
+
+
+def numpy_multi_head_attention(layer, query, memory, mask=None):
+    """Equation (1) and MultiHead of §3.2.2 from the layer's own weights."""
+    wq, wk, wv, wo = (np.asarray(w) for w in (layer.query_kernel, layer.key_kernel,
+                                             layer.value_kernel, layer.output_kernel))
+    n, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
+    heads = []
+    for i in range(n):
+        q = query @ wq[:, i * dk:(i + 1) * dk]
+        k = memory @ wk[:, i * dk:(i + 1) * dk]
+        v = memory @ wv[:, i * dv:(i + 1) * dv]
+        logits = q @ np.swapaxes(k, -1, -2) / math.sqrt(dk)
+        if mask is not None:
+            logits = np.where(mask, logits, -np.inf)
+        weights = np.exp(logits - logits.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        heads.append(weights @ v)
+    return np.concatenate(heads, axis=-1) @ wo
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_self_attention_equals_numpy_formula(masked):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 16)).astype("float32")
+    layer = MultiHeadAttention(num_heads=4, key_dim=4)
+    mask = None
+    if masked:
+        # Padding on keys of the 2nd sentence and a causal pattern.
+        padding = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)[:, None, :]
+        causal = np.tril(np.ones((5, 5), bool))[None]
+        mask = padding & causal
+    got = layer(x, attention_mask=mask)
+    np.testing.assert_allclose(got, numpy_multi_head_attention(layer, x, x, mask), atol=1e-5)
+
+
+def test_causal_flag_equals_explicit_causal_mask():
+    x = np.random.default_rng(1).normal(size=(2, 6, 8)).astype("float32")
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    explicit = layer(x, attention_mask=np.tril(np.ones((6, 6), bool))[None])
+    np.testing.assert_allclose(layer(x, use_causal_mask=True), explicit, atol=1e-6)
+
+
+def test_cross_attention_with_different_value_dim_and_padding():
+    rng = np.random.default_rng(2)
+    query = rng.normal(size=(2, 3, 12)).astype("float32")
+    memory = rng.normal(size=(2, 7, 10)).astype("float32")
+    layer = MultiHeadAttention(num_heads=3, key_dim=5, value_dim=2)
+    mask = np.array([[1] * 7, [1] * 4 + [0] * 3], bool)[:, None, :]
+    got, weights = layer(query, memory, attention_mask=mask, return_attention_scores=True)
+    assert got.shape == (2, 3, 12)
+    assert weights.shape == (2, 3, 3, 7)
+    np.testing.assert_allclose(got, numpy_multi_head_attention(layer, query, memory, mask), atol=1e-5)
+    # Padded keys get exactly zero weight; each row sums to one.
+    assert np.all(np.asarray(weights)[1, :, :, 4:] == 0)
+    np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, atol=1e-6)
+
+
+def test_attention_scaled_by_inverse_sqrt_key_dim():
+    # With one head, identity-like projections and two keys, the softmax
+    # logits must be q.k / sqrt(d_k).
+    layer = MultiHeadAttention(num_heads=1, key_dim=4)
+    x = np.zeros((1, 2, 4), "float32")
+    x[0, 0, 0] = 2.0
+    x[0, 1, 1] = 3.0
+    layer.build((1, 2, 4))
+    eye = np.eye(4, dtype="float32")
+    for kernel in (layer.query_kernel, layer.key_kernel, layer.value_kernel, layer.output_kernel):
+        kernel.assign(eye)
+    _, weights = layer(x, return_attention_scores=True)
+    logits = np.array([4.0, 0.0]) / 2.0  # query 0: q.k0 = 4, q.k1 = 0; sqrt(4) = 2
+    expected = np.exp(logits) / np.exp(logits).sum()
+    np.testing.assert_allclose(np.asarray(weights)[0, 0, 0], expected, atol=1e-6)
+
+
+def test_self_attention_cache_equals_full_pass():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    full = layer(x, use_causal_mask=True)
+    cache = layer.init_cache(2, 6)
+    outputs = []
+    for t in range(6):
+        out, cache = layer(x[:, t:t + 1], use_causal_mask=True, cache=cache, cache_index=t)
+        outputs.append(out)
+    np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
+    # Two steps at once from the middle also agree.
+    cache = layer.init_cache(2, 6)
+    _, cache = layer(x[:, :4], use_causal_mask=True, cache=cache, cache_index=0)
+    out, _ = layer(x[:, 4:], use_causal_mask=True, cache=cache, cache_index=4)
+    np.testing.assert_allclose(out, np.asarray(full)[:, 4:], atol=1e-5)
+
+
+def test_positional_encoding_equals_paper_formula_at_any_length():
+    d_model, length = 10, 3000  # far longer than any fixed table
+    table = np.asarray(sinusoidal_encoding(np.arange(length), d_model))
+    pos = np.arange(length)[:, None]
+    i = np.arange(d_model // 2)[None, :]
+    np.testing.assert_allclose(table[:, 0::2], np.sin(pos / 10000 ** (2 * i / d_model)), atol=2e-4)
+    np.testing.assert_allclose(table[:, 1::2], np.cos(pos / 10000 ** (2 * i / d_model)), atol=2e-4)
+    layer = PositionalEncoding()
+    x = np.ones((2, 5, d_model), "float32")
+    np.testing.assert_allclose(layer(x), np.broadcast_to(1.0 + table[None, :5], x.shape), atol=1e-6)
+    np.testing.assert_allclose(layer(x[:, :2], start_index=3)[0], 1.0 + table[3:5], atol=1e-6)
+
+
+def test_learned_positions_reject_too_long_inputs():
+    layer = LearnedPositionalEmbedding(max_length=4)
+    assert layer(np.zeros((1, 4, 6), "float32")).shape == (1, 4, 6)
+    with pytest.raises(ValueError, match="max_length=4"):
+        layer(np.zeros((1, 5, 6), "float32"))
+
+
+def test_shared_embedding_scales_and_projects_with_one_matrix():
+    layer = SharedEmbedding(vocab_size=11, d_model=4)
+    ids = np.array([[1, 2, 0]])
+    vectors = np.asarray(layer(ids))
+    table = np.asarray(layer.embeddings)
+    np.testing.assert_allclose(vectors, table[ids] * 2.0, atol=1e-6)  # sqrt(4) = 2
+    x = np.random.default_rng(4).normal(size=(1, 3, 4)).astype("float32")
+    np.testing.assert_allclose(layer.project(x), x @ table.T, atol=1e-5)
+    assert len(layer.weights) == 1
+
+
+def test_shared_embedding_gathers_from_float32_table_under_mixed_precision():
+    layer = SharedEmbedding(vocab_size=11, d_model=4, dtype="mixed_bfloat16")
+    out = layer(np.array([[1, 2]]))
+    assert layer.embeddings.dtype == "float32"
+    assert out.dtype == "bfloat16"
+    assert layer.project(out).dtype == "bfloat16"
+
+
+def test_feed_forward_is_relu_sandwich():
+    layer = FeedForward(d_ff=6)
+    x = np.random.default_rng(5).normal(size=(2, 3, 4)).astype("float32")
+    out = np.asarray(layer(x))
+    w1, b1 = (np.asarray(w) for w in (layer.inner.kernel, layer.inner.bias))
+    w2, b2 = (np.asarray(w) for w in (layer.outer.kernel, layer.outer.bias))
+    np.testing.assert_allclose(out, np.maximum(0, x @ w1 + b1) @ w2 + b2, atol=1e-5)
+
+
+def test_post_ln_and_pre_ln_encoder_layers_follow_their_formulas():
+    x = np.random.default_rng(6).normal(size=(2, 4, 8)).astype("float32")
+
+    def layer_norm(v):
+        mean, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
+        return (v - mean) / np.sqrt(var + 1e-6)
+
+    for norm_first in (False, True):
+        layer = EncoderLayer(num_heads=2, d_ff=16, dropout=0.0, norm_first=norm_first)
+        out = np.asarray(layer(x))
+        attention = lambda v: np.asarray(layer.self_attention(v))  # noqa: E731
+        ffn = lambda v: np.asarray(layer.feed_forward(v))  # noqa: E731
+        if norm_first:
+            h = x + attention(layer_norm(x))
+            expected = h + ffn(layer_norm(h))
+        else:
+            h = layer_norm(x + attention(x))
+            expected = layer_norm(h + ffn(h))
+        np.testing.assert_allclose(out, expected, atol=1e-4)
+
+
+def test_encoder_padding_mask_from_keras_mask():
+    embedding = keras.layers.Embedding(20, 8, mask_zero=True)
+    encoder = Encoder(num_layers=1, num_heads=2, d_ff=16, dropout=0.0)
+    ids = np.array([[3, 4, 5, 0, 0]])
+    via_keras_mask = encoder(embedding(ids))
+    explicit = encoder(embedding(ids), padding_mask=ids != 0)
+    np.testing.assert_allclose(via_keras_mask, explicit, atol=1e-6)
+    # More padding leaves the real positions unchanged.
+    longer = np.array([[3, 4, 5, 0, 0, 0, 0]])
+    np.testing.assert_allclose(encoder(embedding(longer))[:, :3], explicit[:, :3], atol=1e-5)
+
+
+def test_head_dims_must_divide():
+    with pytest.raises(ValueError, match="not divisible by num_heads=3"):
+        EncoderLayer(num_heads=3, d_ff=8)(np.zeros((1, 2, 8), "float32"))
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        MultiHeadAttention(num_heads=2, key_dim=3, value_dim=5, dropout=0.1, use_bias=True),
+        FeedForward(d_ff=7, activation="gelu"),
+        SharedEmbedding(vocab_size=9, d_model=4, scale=False),
+        LearnedPositionalEmbedding(max_length=12),
+        EncoderLayer(num_heads=2, d_ff=8, norm_first=True),
+        DecoderLayer(num_heads=2, d_ff=8, key_dim=3),
+        Encoder(num_layers=2, num_heads=2, d_ff=8),
+        Decoder(num_layers=2, num_heads=2, d_ff=8, activation="gelu"),
+    ],
+    ids=lambda layer: type(layer).__name__,
+)
+def test_config_round_trip(layer):
+    config = layer.get_config()
+    clone = type(layer).from_config(config)
+    assert clone.get_config() == config
+    restored = keras.layers.deserialize(keras.layers.serialize(layer))
+    assert type(restored) is type(layer)

@@ -1,0 +1,208 @@
+"""The Transformer model: masks, cache, sizes, serialization and learning."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import Transformer, TransformerConfig, create_optimizer
+from keras_transformer.layers import EncoderLayer, FeedForward
+
+VOCAB = 40
+
+
+def tiny_model(**overrides):
+    options = dict(num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout=0.0)
+    options.update(overrides)
+    model = Transformer(TransformerConfig.tiny(vocab_size=VOCAB, **options))
+    return model
+
+
+def random_ids(rng, batch, length, pad_from=None):
+    ids = rng.integers(4, VOCAB, size=(batch, length))
+    if pad_from is not None:
+        for row, start in enumerate(pad_from):
+            ids[row, start:] = 0
+    return ids
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_logits_before_t_do_not_depend_on_targets_at_or_after_t(norm_first):
+    rng = np.random.default_rng(0)
+    model = tiny_model(norm_first=norm_first)
+    source = random_ids(rng, 2, 6, pad_from=[6, 4])
+    target = random_ids(rng, 2, 7)
+    logits = np.asarray(model((source, target)))
+    for t in (1, 3, 6):
+        changed = target.copy()
+        changed[:, t:] = rng.integers(4, VOCAB, size=changed[:, t:].shape)
+        other = np.asarray(model((source, changed)))
+        np.testing.assert_allclose(other[:, :t], logits[:, :t], atol=1e-5)
+        assert not np.allclose(other[:, t:], logits[:, t:], atol=1e-3)
+
+
+@pytest.mark.parametrize("positional_encoding", ["sinusoidal", "learned"])
+def test_source_padding_is_invisible(positional_encoding):
+    rng = np.random.default_rng(1)
+    model = tiny_model(positional_encoding=positional_encoding)
+    source = random_ids(rng, 2, 6, pad_from=[6, 3])
+    target = random_ids(rng, 2, 5, pad_from=[5, 4])
+    logits = np.asarray(model((source, target)))
+    real = target != 0
+    # More padding on the source and the target: real positions unchanged.
+    more_source = np.concatenate([source, np.zeros((2, 4), int)], axis=1)
+    more_target = np.concatenate([target, np.zeros((2, 3), int)], axis=1)
+    padded = np.asarray(model((more_source, more_target)))[:, :5]
+    np.testing.assert_allclose(padded[real], logits[real], atol=1e-5)
+    # Changing what sits under the padding (the ids are 0 there; a different
+    # sentence of the same real prefix) changes nothing either: only the
+    # prefix matters, so a second sentence cut to its prefix agrees.
+    alone = np.asarray(model((source[1:, :3], target[1:, :4])))
+    np.testing.assert_allclose(alone[0], logits[1, :4], atol=1e-5)
+
+
+def test_cached_decoding_equals_full_pass():
+    rng = np.random.default_rng(2)
+    for norm_first in (False, True):
+        model = tiny_model(norm_first=norm_first)
+        source = random_ids(rng, 3, 7, pad_from=[7, 5, 2])
+        target = random_ids(rng, 3, 6)
+        memory = model.encode(source)
+        full = np.asarray(model.decode(target, memory, source))
+        cache = model.init_cache(memory, max_length=6)
+        steps = []
+        for t in range(6):
+            logits, cache = model.decode_step(target[:, t:t + 1], memory, source, cache, t)
+            steps.append(np.asarray(logits))
+        np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def expected_parameter_count(c):
+    """Parameters from the layer shapes of §3 (shared embeddings, no attention biases)."""
+    attention = c.d_model * c.num_heads * (2 * c.key_dim + c.value_dim) + c.num_heads * c.value_dim * c.d_model
+    feed_forward = c.d_model * c.d_ff + c.d_ff + c.d_ff * c.d_model + c.d_model
+    layer_norm = 2 * c.d_model
+    encoder_layer = attention + feed_forward + 2 * layer_norm
+    decoder_layer = 2 * attention + feed_forward + 3 * layer_norm
+    final_norms = 2 * layer_norm if c.norm_first else 0
+    return c.vocab_size * c.d_model + c.num_layers * (encoder_layer + decoder_layer) + final_norms
+
+
+@pytest.mark.parametrize(
+    "preset, paper_millions",
+    [("base", 65), ("big", 213), ("small", None), ("tiny", None)],
+)
+def test_parameter_counts_match_layer_shapes_and_table_3(preset, paper_millions):
+    config = TransformerConfig.from_preset(preset, vocab_size=37000)
+    model = Transformer(config)
+    model.build()
+    count = model.count_params()
+    assert count == expected_parameter_count(config)
+    if paper_millions:
+        # Table 3 lists 65M (base) and 213M (big) for a 37k shared vocabulary.
+        assert abs(count / 1e6 - paper_millions) / paper_millions < 0.05
+
+
+def test_unshared_embeddings_have_three_matrices():
+    config = TransformerConfig.tiny(vocab_size=VOCAB, share_embeddings=False)
+    model = Transformer(config)
+    model.build()
+    assert model.count_params() == expected_parameter_count(config) + 2 * VOCAB * config.d_model
+
+
+def test_compile_defaults_to_the_paper():
+    model = tiny_model()
+    model.compile()
+    assert model.loss.label_smoothing == pytest.approx(0.1)
+    optimizer = model.optimizer
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    assert type(optimizer._learning_rate).__name__ == "TransformerSchedule"
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=[])
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+
+
+def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
+    rng = np.random.default_rng(3)
+    model = tiny_model(dropout=0.1, share_embeddings=False, norm_first=True)
+    model.compile()
+    source, target = random_ids(rng, 2, 5), random_ids(rng, 2, 4)
+    model.fit((source, target), target, epochs=1, verbose=0)
+    expected = np.asarray(model((source, target)))
+    path = tmp_path / "model.keras"
+    model.save(path)
+    np.save(tmp_path / "source.npy", source)
+    np.save(tmp_path / "target.npy", target)
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, keras
+        import keras_transformer  # registers the classes
+        model = keras.saving.load_model({str(path)!r})
+        source = np.load({str(tmp_path / 'source.npy')!r})
+        target = np.load({str(tmp_path / 'target.npy')!r})
+        np.save({str(tmp_path / 'reloaded.npy')!r}, np.asarray(model((source, target))))
+        assert model.optimizer.iterations.numpy() == 1
+        """
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=300)
+    np.testing.assert_array_equal(np.load(tmp_path / "reloaded.npy"), expected)
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class GeluEncoderLayer(EncoderLayer):
+    """An encoder layer with a GELU feed-forward network, as a user would subclass it."""
+
+    def __init__(self, num_heads, d_ff, gelu_approximate=True, **kwargs):
+        super().__init__(num_heads, d_ff, **kwargs)
+        self.gelu_approximate = gelu_approximate
+
+    def make_feed_forward(self):
+        activation = lambda x: keras.activations.gelu(x, approximate=self.gelu_approximate)  # noqa: E731
+        return FeedForward(self.d_ff, activation=activation, name="feed_forward")
+
+    def get_config(self):
+        return {**super().get_config(), "gelu_approximate": self.gelu_approximate}
+
+
+def test_subclassed_layer_round_trip(tmp_path):
+    inputs = keras.Input((6, 16))
+    outputs = GeluEncoderLayer(num_heads=2, d_ff=32, gelu_approximate=False, dropout=0.0)(inputs)
+    model = keras.Model(inputs, outputs)
+    x = np.random.default_rng(4).normal(size=(2, 6, 16)).astype("float32")
+    path = tmp_path / "subclass.keras"
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    layer = restored.layers[-1]
+    assert isinstance(layer, GeluEncoderLayer) and layer.gelu_approximate is False
+    np.testing.assert_array_equal(restored(x), model(x))
+
+
+def test_tiny_model_learns_to_copy():
+    rng = np.random.default_rng(5)
+    keras.utils.set_random_seed(5)
+    model = tiny_model(num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.0)
+    model.compile(optimizer=create_optimizer(64, warmup_steps=100))
+    sequences = rng.integers(4, 14, size=(2048, 6))
+    source = sequences
+    target_in = np.concatenate([np.full((2048, 1), 2), sequences], axis=1)  # start token 2
+    target_out = np.concatenate([sequences, np.full((2048, 1), 3)], axis=1)  # end token 3
+    model.fit((source, target_in), target_out, batch_size=32, epochs=8, verbose=0)  # 512 steps
+    test = rng.integers(4, 14, size=(256, 6))
+    test_in = np.concatenate([np.full((256, 1), 2), test], axis=1)
+    test_out = np.concatenate([test, np.full((256, 1), 3)], axis=1)
+    predictions = np.asarray(model((test, test_in))).argmax(-1)
+    accuracy = (predictions == test_out).mean()
+    assert accuracy > 0.98, accuracy
+
+
+def test_mixed_bfloat16_model_runs_with_float32_logits_and_variables():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = tiny_model()
+    rng = np.random.default_rng(6)
+    logits = model((random_ids(rng, 2, 5), random_ids(rng, 2, 4)))
+    assert logits.dtype == "float32"
+    assert all(w.dtype == "float32" for w in model.weights)

@@ -1,0 +1,124 @@
+"""Config validation, the §5.3 schedule and the §5.4 loss, checked against their formulas."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import (
+    LabelSmoothedCrossEntropy,
+    MaskedAccuracy,
+    TransformerConfig,
+    TransformerSchedule,
+    create_optimizer,
+)
+
+
+def test_presets_have_the_papers_values_and_take_overrides():
+    base = TransformerConfig.base(37000)
+    assert (base.num_layers, base.d_model, base.num_heads, base.d_ff, base.dropout) == (6, 512, 8, 2048, 0.1)
+    assert (base.key_dim, base.value_dim, base.label_smoothing) == (64, 64, 0.1)
+    big = TransformerConfig.big(37000)
+    assert (big.num_layers, big.d_model, big.num_heads, big.d_ff, big.dropout) == (6, 1024, 16, 4096, 0.3)
+    small = TransformerConfig.small()
+    assert (small.num_layers, small.d_model, small.num_heads, small.d_ff) == (3, 256, 4, 1024)
+    custom = TransformerConfig.base(vocab_size=37000, num_layers=2, d_ff=1024)
+    assert (custom.num_layers, custom.d_ff, custom.d_model) == (2, 1024, 512)
+    assert TransformerConfig.from_json(custom.to_json()) == custom
+    assert not base.norm_first and base.share_embeddings and base.positional_encoding == "sinusoidal"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(d_model=500, num_heads=8), "not divisible by num_heads=8"),
+        (dict(num_layers=0), "num_layers must be a positive integer"),
+        (dict(d_ff=-1), "d_ff must be a positive integer"),
+        (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+        (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 1\)"),
+        (dict(positional_encoding="rotary"), "'sinusoidal' or 'learned'"),
+        (dict(key_dim=0), "key_dim must be a positive integer"),
+    ],
+)
+def test_config_validation(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig.base(37000, **overrides)
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
+        TransformerConfig.from_preset("huge", 100)
+    with pytest.raises(ValueError, match="Unknown TransformerConfig field"):
+        TransformerConfig.from_dict({"vocab_size": 100, "layers": 3})
+
+
+def paper_rate(step_num, d_model=512, warmup=4000):
+    return d_model**-0.5 * min(step_num**-0.5, step_num * warmup**-1.5)
+
+
+@pytest.mark.parametrize("step_num", [1, 4000, 100000])
+def test_schedule_equals_equation_3(step_num):
+    schedule = TransformerSchedule(512, warmup_steps=4000)
+    assert float(schedule.rate(step_num)) == pytest.approx(paper_rate(step_num), rel=1e-6)
+    # Keras passes the number of updates already applied: update k uses step_num k + 1.
+    assert float(schedule(step_num - 1)) == pytest.approx(paper_rate(step_num), rel=1e-6)
+
+
+def test_schedule_serializes_and_optimizer_uses_paper_adam():
+    schedule = TransformerSchedule(256, warmup_steps=100, scale=2.0)
+    clone = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
+    assert float(clone(10)) == pytest.approx(float(schedule(10)))
+    optimizer = create_optimizer(512)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+
+
+def numpy_smoothed_loss(logits, labels, epsilon, pad=0):
+    vocab = logits.shape[-1]
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    q = np.full(logits.shape, epsilon / vocab)
+    np.put_along_axis(q, labels[..., None], 1 - epsilon + epsilon / vocab, axis=-1)
+    per_token = -(q * log_p).sum(-1)
+    mask = labels != pad
+    return (per_token * mask).sum() / mask.sum()
+
+
+def test_label_smoothed_loss_equals_formula_and_ignores_padding():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 4, 7)).astype("float32")
+    labels = np.array([[3, 1, 0, 0], [5, 6, 2, 0]])
+    loss = LabelSmoothedCrossEntropy(0.1)
+    assert float(loss(labels, logits)) == pytest.approx(numpy_smoothed_loss(logits, labels, 0.1), rel=1e-5)
+    # Whatever sits at padded positions does not matter.
+    changed = logits.copy()
+    changed[labels == 0] = 100.0
+    assert float(loss(labels, changed)) == pytest.approx(float(loss(labels, logits)), rel=1e-6)
+    # epsilon = 0 is the ordinary cross-entropy.
+    plain = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True).numpy()
+    assert float(LabelSmoothedCrossEntropy(0.0)(labels, logits)) == pytest.approx(
+        plain[labels != 0].mean(), rel=1e-5
+    )
+
+
+def test_label_smoothed_gradient_is_softmax_minus_target():
+    rng = np.random.default_rng(1)
+    logits = tf.constant(rng.normal(size=(1, 3, 5)).astype("float32"))
+    labels = np.array([[1, 4, 0]])
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        value = LabelSmoothedCrossEntropy(0.2)(labels, logits)
+    grad = tape.gradient(value, logits).numpy()
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        log_p = tf.nn.log_softmax(logits)
+        q = 0.8 * tf.one_hot(labels, 5) + 0.2 / 5
+        reference = tf.reduce_sum(-tf.reduce_sum(q * log_p, -1) * (labels != 0)) / 2.0
+    np.testing.assert_allclose(grad, tape.gradient(reference, logits).numpy(), atol=1e-6)
+    assert np.all(grad[0, 2] == 0)
+
+
+def test_masked_accuracy_counts_only_real_tokens():
+    metric = MaskedAccuracy()
+    logits = np.zeros((1, 4, 5), "float32")
+    logits[0, 0, 2] = logits[0, 1, 3] = logits[0, 2, 1] = logits[0, 3, 4] = 1.0
+    metric.update_state(np.array([[2, 3, 4, 0]]), logits)  # right, right, wrong, pad
+    assert float(metric.result()) == pytest.approx(2 / 3)
