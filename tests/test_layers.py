@@ -193,6 +193,15 @@ def test_encoder_padding_mask_from_keras_mask():
     np.testing.assert_allclose(encoder(embedding(longer))[:, :3], explicit[:, :3], atol=1e-5)
 
 
+def test_encoder_layer_uses_keras_mask_as_padding_mask():
+    embedding = keras.layers.Embedding(20, 8, mask_zero=True)
+    layer = EncoderLayer(num_heads=2, d_ff=16, dropout=0.0)
+    ids = np.array([[3, 4, 5, 0]])
+    explicit = layer(embedding(ids), attention_mask=(ids != 0)[:, None, :])
+    np.testing.assert_allclose(layer(embedding(ids)), explicit, atol=1e-6)
+    assert not np.allclose(layer(embedding(ids), attention_mask=np.ones((1, 1, 4), bool)), explicit)
+
+
 def test_head_dims_must_divide():
     with pytest.raises(ValueError, match="not divisible by num_heads=3"):
         EncoderLayer(num_heads=3, d_ff=8)(np.zeros((1, 2, 8), "float32"))

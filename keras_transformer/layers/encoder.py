@@ -48,6 +48,9 @@ class EncoderLayer(keras.layers.Layer):
         inputs: `[B, S, d_model]`.
         attention_mask: bool, broadcastable to `[B, S, S]`; `[B, 1, S]` masks
             padded keys.
+        mask: a Keras mask `[B, S]` on `inputs`, used as the key padding mask
+            when `attention_mask` is not given (so layers stacked in a
+            functional model after `Embedding(mask_zero=True)` mask padding).
         training: enables dropout.
         return_attention_scores: also return the weights `[B, h, S, S]`.
 
@@ -114,7 +117,10 @@ class EncoderLayer(keras.layers.Layer):
         self.feed_forward_connection.build(input_shape)
         self.built = True
 
-    def call(self, inputs, attention_mask=None, training=None, return_attention_scores=False):
+    def call(self, inputs, attention_mask=None, mask=None, training=None, return_attention_scores=False):
+        if attention_mask is None and mask is not None:
+            # A Keras mask on the inputs (e.g. Embedding(mask_zero=True)) marks padded keys.
+            attention_mask = ops.cast(mask, "bool")[:, None, :]
         x = inputs
         y = self.self_attention(
             self.self_attention_connection.normalize(x),
