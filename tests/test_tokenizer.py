@@ -1,0 +1,177 @@
+"""Tests for keras_transformer.tokenizer (SentencePiece BPE, in-graph)."""
+
+import time
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import tensorflow as tf
+
+from keras_transformer import datasets
+from keras_transformer.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    get_or_train_tokenizer,
+    train_tokenizer,
+)
+
+VOCAB_SIZE = 1000
+
+
+def _train_texts():
+    return datasets.read_lines("train", "en")[:2500] + datasets.read_lines("train", "de")[:2500]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return train_tokenizer(_train_texts(), tmp_path_factory.mktemp("spm") / "spm", vocab_size=VOCAB_SIZE)
+
+
+@pytest.fixture(scope="module")
+def val_sentences():
+    # Not in the training subset.
+    return datasets.read_lines("val", "en")[:200] + datasets.read_lines("val", "de")[:200]
+
+
+def _decode(strings):
+    return [s.decode("utf-8") for s in strings.numpy()]
+
+
+def test_special_ids_and_vocab(tokenizer):
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert tokenizer.vocab_size == VOCAB_SIZE
+    assert tokenizer.pieces([PAD_ID, UNK_ID, BOS_ID, EOS_ID]) == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (PAD_ID, BOS_ID, EOS_ID)
+
+
+def test_round_trip_on_real_sentences(tokenizer, val_sentences):
+    ids = tokenizer.tokenize(val_sentences)
+    assert isinstance(ids, tf.RaggedTensor) and ids.dtype == tf.int32
+    assert ids.shape[0] == len(val_sentences)
+    assert _decode(tokenizer.detokenize(ids)) == val_sentences
+    flat = ids.flat_values.numpy()
+    # Ids are in [1, vocab): padding (0) is never produced, nor BOS/EOS.
+    assert flat.min() >= 1 and flat.max() < VOCAB_SIZE
+    assert not np.isin(flat, [PAD_ID, BOS_ID, EOS_ID]).any()
+    # Subwords, not characters: far fewer ids than characters.
+    assert len(flat) < 0.5 * sum(len(s) for s in val_sentences)
+
+
+def test_unseen_characters_round_trip_via_byte_fallback(tokenizer):
+    news = datasets.read_newstest2014("de")
+    assert "\u00ad" in news[900]  # soft hyphen, kept exactly (identity normalization)
+    text = ["Ein Café in Zürich: 日本 – ok", "Größe ÆØÅ", news[900], news[1831]]
+    ids = tokenizer.tokenize(text)
+    assert UNK_ID not in ids.flat_values.numpy()
+    assert _decode(tokenizer.detokenize(ids)) == text
+
+
+def test_detokenize_drops_special_and_everything_after_eos(tokenizer):
+    a, b = tokenizer.encode("A dog runs."), tokenizer.encode("Zwei Männer.")
+    width = max(len(a), len(b)) + 4
+    dense = np.zeros([2, width], np.int32)
+    dense[0, : len(a) + 4] = [BOS_ID] + a + [EOS_ID] + b[:2]  # junk after EOS
+    dense[1, : len(b) + 1] = [BOS_ID] + b  # no EOS, just padding
+    assert _decode(tokenizer.detokenize(dense)) == ["A dog runs.", "Zwei Männer."]
+    assert _decode(tokenizer.detokenize(tf.constant(dense, tf.int64))) == ["A dog runs.", "Zwei Männer."]
+    ragged = tf.ragged.constant([a + [EOS_ID], [BOS_ID] + b])
+    assert _decode(tokenizer.detokenize(ragged)) == ["A dog runs.", "Zwei Männer."]
+    single = tokenizer.detokenize(dense[0])
+    assert single.shape == () and single.numpy().decode() == "A dog runs."
+    assert tokenizer.detokenize(tf.constant([[EOS_ID, *a]])).numpy().tolist() == [b""]
+
+
+def test_works_inside_tf_function_and_tf_data(tokenizer, val_sentences):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def round_trip(strings):
+        ids = tokenizer.tokenize(strings)
+        padded = ids.to_tensor()  # dense padded ids, as a model would output
+        return tokenizer.detokenize(padded), tokenizer.id_to_piece(ids)
+
+    text, pieces = round_trip(tf.constant(val_sentences[:5]))
+    assert _decode(text) == val_sentences[:5]
+    assert pieces.to_list()[0] == [p.encode() for p in tokenizer.pieces(tokenizer.encode(val_sentences[0]))]
+
+    ds = tf.data.Dataset.from_tensor_slices(val_sentences[:8]).batch(4).map(tokenizer.tokenize)
+    rows = [r for batch in ds for r in batch.to_list()]
+    assert rows == [tokenizer.encode(s) for s in val_sentences[:8]]
+
+
+def test_saved_model_keeps_the_sentencepiece_model(tokenizer, tmp_path):
+    module = tf.Module()
+    module.tokenizer = tokenizer
+    module.detok = tf.function(
+        lambda ids: tokenizer.detokenize(ids), input_signature=[tf.TensorSpec([None, None], tf.int32)]
+    )
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    ids = tokenizer.tokenize(["A little girl climbing."]).to_tensor()
+    assert _decode(loaded.detok(ids)) == ["A little girl climbing."]
+
+
+def test_save_load_bytes_and_pieces(tokenizer, tmp_path):
+    path = tokenizer.save(tmp_path / "copy.model")
+    from_file, from_bytes = Tokenizer(path), Tokenizer(tokenizer.model_proto)
+    assert from_file.model_proto == from_bytes.model_proto == tokenizer.model_proto
+    ids = tokenizer.encode("A man in an orange hat.")
+    assert from_bytes.encode("A man in an orange hat.") == ids
+    pieces = tokenizer.pieces(ids)
+    assert all(isinstance(p, str) for p in pieces) and len(pieces) == len(ids)
+    assert "".join(pieces).replace("\u2581", " ").strip() == "A man in an orange hat."
+    assert tokenizer.pieces(np.array([[ids[0], PAD_ID]])) == [[pieces[0], "<pad>"]]
+
+
+def test_training_is_deterministic(tokenizer, tmp_path):
+    again = train_tokenizer(_train_texts(), tmp_path / "again", vocab_size=VOCAB_SIZE)
+    every_id = list(range(VOCAB_SIZE))
+    assert again.pieces(every_id) == tokenizer.pieces(every_id)
+    sentence = "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."
+    assert again.encode(sentence) == tokenizer.encode(sentence)
+
+
+def test_full_multi30k_vocab_trains_fast(tmp_path):
+    texts = datasets.read_lines("train", "en") + datasets.read_lines("train", "de")
+    start = time.perf_counter()
+    tok = train_tokenizer(texts, tmp_path / "full", vocab_size=8000)
+    elapsed = time.perf_counter() - start
+    assert tok.vocab_size == 8000
+    assert elapsed < 60, f"vocab training took {elapsed:.1f}s"
+
+
+def test_get_or_train_tokenizer_caches(tmp_path):
+    run_dir = tmp_path / "run"
+    calls = []
+
+    def texts_fn():
+        calls.append(1)
+        return _train_texts()[:1000]
+
+    first = get_or_train_tokenizer(run_dir, texts_fn, vocab_size=500)
+    assert (run_dir / "spm.model").exists() and calls == [1]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["spm.model", "spm.vocab"]  # no temp left
+    second = get_or_train_tokenizer(run_dir, lambda: pytest.fail("must not retrain"), vocab_size=500)
+    assert second.model_proto == first.model_proto
+    with pytest.raises(ValueError, match="vocab_size 500"):
+        get_or_train_tokenizer(run_dir, texts_fn, vocab_size=600)
+
+
+def test_rejects_model_with_other_special_ids(tmp_path):
+    prefix = str(tmp_path / "default_ids")
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_train_texts()[:500]), model_prefix=prefix,
+                                   vocab_size=200, minloglevel=2)  # unk=0, bos=1, eos=2, no pad
+    with pytest.raises(ValueError, match="special ids"):
+        Tokenizer(prefix + ".model")
+
+
+def test_survives_tf_random_set_seed(tokenizer):
+    # tf.random.set_seed clears the eager kernel cache, which used to delete
+    # tensorflow_text's kernel-owned SentencePiece resource (tensorflow/text#570).
+    tokenizer.tokenize(["A dog."])
+    tf.random.set_seed(0)
+    fresh = Tokenizer(tokenizer.model_proto)  # same model: shares the resource
+    tf.random.set_seed(1)
+    assert tokenizer.tokenize(["A dog."]).to_list() == fresh.tokenize(["A dog."]).to_list()
+    assert _decode(tokenizer.detokenize(tokenizer.tokenize(["A dog."]))) == ["A dog."]
