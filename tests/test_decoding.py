@@ -1,0 +1,365 @@
+"""Greedy and beam search (keras_transformer.decoding) on tiny models.
+
+Decoding functions called eagerly build one graph per model and options, so
+the fixtures below share results between tests to keep tracing cheap.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import Transformer, TransformerConfig
+from keras_transformer import decoding
+from keras_transformer.decoding import beam_search, greedy_search, length_penalty, make_decode_fn
+
+BOS, EOS = 2, 3
+
+# One-token targets make Keras warn about a softmax over a length-1 axis.
+pytestmark = pytest.mark.filterwarnings("ignore:You are using a softmax")
+
+
+def tiny_model(vocab_size, d_model=32, seed=0):
+    keras.utils.set_random_seed(seed)
+    config = TransformerConfig.tiny(
+        vocab_size=vocab_size, num_layers=2, d_model=d_model, num_heads=4, d_ff=2 * d_model, dropout=0.0
+    )
+    model = Transformer(config)
+    ids = np.full((1, 3), 5, np.int32)
+    model((ids, ids))
+    return model
+
+
+def padded(rows, width=None):
+    width = width or max(len(r) for r in rows)
+    out = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def unpad(row):
+    """Output tokens of one hypothesis (trailing padding removed)."""
+    row = np.asarray(row)
+    return row[row != 0].tolist()
+
+
+def source_lengths(source_ids):
+    return (np.asarray(source_ids) != 0).sum(-1)
+
+
+def check_well_formed(tokens, limit):
+    """One hypothesis: padding only at the end; ends with EOS (once) or at its length limit."""
+    seq = unpad(tokens)
+    assert np.all(np.asarray(tokens)[len(seq):] == 0) and 0 not in seq
+    assert len(seq) <= limit
+    if EOS in seq:
+        assert seq.index(EOS) == len(seq) - 1
+    else:
+        assert len(seq) == limit
+
+
+def teacher_forced_log_prob(model, source, tokens):
+    """Sum of the model's log-probabilities of `tokens` given `source` (full forward pass)."""
+    target_in = np.array([[BOS] + tokens[:-1]], np.int32)
+    logits = model((np.asarray(source, np.int32)[None], target_in))
+    log_probs = tf.nn.log_softmax(logits[0]).numpy()
+    return float(sum(log_probs[t, tok] for t, tok in enumerate(tokens)))
+
+
+# ----------------------------------------------------------------------------------
+# A random model
+# ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    # A small vocabulary so that a random model emits EOS now and then.
+    return tiny_model(vocab_size=12, seed=3)
+
+
+@pytest.fixture(scope="module")
+def sources():
+    rng = np.random.default_rng(0)
+    lengths = [1, 9, 3, 17, 6, 12]
+    return padded([rng.integers(4, 12, size=n) for n in lengths])
+
+
+@pytest.fixture(scope="module")
+def random_results(random_model, sources):
+    """Cached and uncached greedy and (return_all) beam results on the random model."""
+    results = {}
+    for use_cache in (True, False):
+        results["greedy", use_cache] = greedy_search(random_model, sources, use_cache=use_cache)
+        results["beam", use_cache] = beam_search(random_model, sources, return_all=True, use_cache=use_cache)
+    return {key: tuple(t.numpy() for t in value) for key, value in results.items()}
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_cached_decoding_matches_uncached(random_results, method):
+    cached_ids, cached_scores = random_results[method, True]
+    uncached_ids, uncached_scores = random_results[method, False]
+    np.testing.assert_array_equal(cached_ids, uncached_ids)
+    np.testing.assert_allclose(cached_scores, uncached_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_output_format_and_dtypes(random_model, sources, random_results):
+    ids, scores = beam_search(random_model, sources)
+    assert ids.dtype == tf.int32 and scores.dtype == tf.float32
+    assert ids.shape[0] == len(sources) and scores.shape == (len(sources),)
+    # The default result is the best of return_all.
+    all_ids, all_scores = random_results["beam", True]
+    assert all_ids.ndim == 3 and all_ids.shape[:2] == (len(sources), 4) and all_scores.shape == (len(sources), 4)
+    np.testing.assert_array_equal(ids.numpy(), all_ids[:, 0, : ids.shape[1]])
+    np.testing.assert_allclose(scores.numpy(), all_scores[:, 0], rtol=1e-6)
+    # Trimmed to the longest output; the model produced at least one EOS.
+    assert ids.shape[1] == max(len(unpad(r)) for r in ids.numpy())
+    assert any(EOS in unpad(r) for r in all_ids.reshape(-1, all_ids.shape[-1]))
+
+
+def test_beam_hypotheses_sorted_complete_and_scored(random_model, sources, random_results):
+    ids, scores = random_results["beam", True]  # [B, K, L], [B, K]
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    limits = source_lengths(sources) + 50
+    for b in range(len(sources)):
+        seqs = [tuple(unpad(h)) for h in ids[b]]
+        assert len(set(seqs)) == len(seqs)  # K distinct hypotheses
+        for k in range(ids.shape[1]):
+            check_well_formed(ids[b, k], limits[b])
+            # The score is the model's log-probability over the GNMT penalty (alpha=0.6).
+            tokens = unpad(ids[b, k])
+            expected = teacher_forced_log_prob(random_model, sources[b], tokens) / float(
+                length_penalty(len(tokens), 0.6)
+            )
+            np.testing.assert_allclose(scores[b, k], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_output_and_score(random_model, sources, random_results):
+    ids, scores = random_results["greedy", True]
+    limits = source_lengths(sources) + 50
+    for b in range(len(sources)):
+        check_well_formed(ids[b], limits[b])
+        tokens = unpad(ids[b])
+        np.testing.assert_allclose(
+            scores[b], teacher_forced_log_prob(random_model, sources[b], tokens), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_beam_size_one_is_greedy(random_model, sources, random_results):
+    greedy_ids, greedy_scores = random_results["greedy", True]
+    ids, scores = beam_search(random_model, sources, beam_size=1, alpha=0.0)
+    np.testing.assert_array_equal(ids.numpy(), greedy_ids[:, : ids.shape[1]])
+    np.testing.assert_allclose(scores.numpy(), greedy_scores, rtol=1e-5)
+
+
+def test_max_length_bounds_output(random_model, sources):
+    ids, _ = beam_search(random_model, sources, max_length=5, return_all=True)
+    assert ids.shape[-1] <= 5
+    for hypothesis in ids.numpy().reshape(-1, ids.shape[-1]):
+        check_well_formed(hypothesis, 5)
+
+
+def test_default_max_length_is_source_length_plus_50_per_sentence(random_model, sources):
+    # min_length beyond every limit forbids EOS: every output runs to its own limit.
+    ids, _ = greedy_search(random_model, sources, min_length=1000)
+    lengths = [len(unpad(r)) for r in ids.numpy()]
+    assert lengths == (source_lengths(sources) + 50).tolist()
+    assert EOS not in ids.numpy()
+
+
+def test_batch_decodes_like_single_sentences(random_model, sources, random_results):
+    """Sentences of lengths 1..17 in one padded batch decode as they do alone."""
+    for method in ("greedy", "beam"):
+        batch_ids, batch_scores = random_results[method, True]
+        for b in range(len(sources)):
+            alone = sources[b : b + 1, : source_lengths(sources)[b]]  # no padding at all
+            if method == "greedy":
+                ids, scores = greedy_search(random_model, alone)
+            else:
+                ids, scores = beam_search(random_model, alone, return_all=True)
+            ids, scores = ids.numpy()[0], scores.numpy()[0]
+            assert [unpad(h) for h in np.reshape(ids, (-1, ids.shape[-1]))] == [
+                unpad(h) for h in np.reshape(batch_ids[b], (-1, batch_ids.shape[-1]))
+            ]
+            np.testing.assert_allclose(scores, batch_scores[b], rtol=1e-5, atol=1e-5)
+
+
+def test_jit_compile_matches_graph(random_model, sources, random_results):
+    decode = make_decode_fn(random_model, "beam", beam_size=4, alpha=0.6, return_all=True, jit_compile=True)
+    ids, scores = decode(tf.constant(sources))
+    expected_ids, expected_scores = random_results["beam", True]
+    np.testing.assert_array_equal(ids.numpy(), expected_ids)
+    np.testing.assert_allclose(scores.numpy(), expected_scores, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_fn_exports_in_a_saved_model(random_model, sources, tmp_path):
+    module = tf.Module()
+    module.weights = list(random_model.weights)  # the variables the function captures
+    module.translate = make_decode_fn(random_model, "beam", beam_size=2, max_length=6)
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.translate})
+    loaded = tf.saved_model.load(str(tmp_path))
+    expected_ids, expected_scores = module.translate(tf.constant(sources))
+    assert expected_ids.shape[-1] <= 6
+    outputs = loaded.signatures["serving_default"](source_ids=tf.constant(sources))
+    ids, scores = outputs["output_0"], outputs["output_1"]
+    np.testing.assert_array_equal(ids.numpy(), expected_ids.numpy())
+    np.testing.assert_allclose(scores.numpy(), expected_scores.numpy(), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------------
+# A handcrafted model whose probabilities we choose
+# ----------------------------------------------------------------------------------
+
+
+class ScriptedModel:
+    """A stand-in for `Transformer`: P(next token) depends only on the previous token and the step.
+
+    Tokens: 0 pad, 1 unk, 2 bos, 3 eos, 4 "a", 5 "b". From the start:
+    P(eos) = 0.30, P(a) = 0.28, P(b) = P(unk) = 0.2. After "a": "a" again
+    with 0.95 until 4 tokens, then eos with 0.95. After "b"/"unk": eos 0.9.
+
+        [eos]            log P = -1.204                      len 1
+        [a, a, a, a, eos]  log P = log .28 + 4 log .95 = -1.478  len 5
+
+    Raw log-probability prefers [eos]; with alpha = 0.6, lp(5) = (10/6)^0.6
+    = 1.359 and -1.478 / 1.359 = -1.088 > -1.204 prefers the long one.
+    """
+
+    vocab_size = 6
+
+    def __init__(self, positions=64):
+        probs = np.full((self.vocab_size, positions, self.vocab_size), 1e-4)
+        probs[BOS, :, [EOS, 4, 5, 1]] = [[0.30], [0.28], [0.2], [0.2]]
+        probs[4, :4, 4] = 0.95
+        probs[4, 4:, EOS] = 0.95
+        for previous in (1, 5, EOS, 0):
+            probs[previous, :, EOS] = 0.9
+        self.probs = probs / probs.sum(-1, keepdims=True)
+        self.table = tf.constant(np.log(self.probs), tf.float32)  # [previous, step, next]
+        self.steps = tf.Variable(0)  # decoder steps run, to observe early stopping
+
+    def log_prob(self, tokens):
+        return float(sum(np.log(self.probs[prev, t, tok]) for t, (prev, tok) in enumerate(zip([BOS] + tokens, tokens))))
+
+    def encode(self, source_ids, training=None):
+        return tf.zeros(tf.concat([tf.shape(source_ids), [2]], 0))
+
+    def init_cache(self, memory, max_length):
+        batch = tf.shape(memory)[0]
+        return {"self": [(tf.zeros([batch, 1, max_length, 2]),) * 2], "cross": [(memory, memory)]}
+
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index):
+        self.steps.assign_add(1)
+        steps = cache_index + tf.zeros_like(target_ids)
+        return tf.gather_nd(self.table, tf.stack([target_ids, steps], -1)), cache
+
+    def decode(self, target_ids, memory, source_ids, training=None):
+        self.steps.assign_add(1)
+        steps = tf.range(tf.shape(target_ids)[1])[None, :] + tf.zeros_like(target_ids)
+        return tf.gather_nd(self.table, tf.stack([target_ids, steps], -1))
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_length_penalty_changes_the_chosen_hypothesis(use_cache):
+    model = ScriptedModel()
+    source = np.array([[7, 7, 7]], np.int32)
+    ids, scores = beam_search(model, source, beam_size=2, alpha=0.0, use_cache=use_cache)
+    assert unpad(ids[0]) == [EOS]
+    np.testing.assert_allclose(scores[0], model.log_prob([EOS]), rtol=1e-5)
+
+    ids, scores = beam_search(model, source, beam_size=2, alpha=0.6, use_cache=use_cache)
+    assert unpad(ids[0]) == [4, 4, 4, 4, EOS]
+    long = model.log_prob([4, 4, 4, 4, EOS])
+    assert long < model.log_prob([EOS]) < long / (10 / 6) ** 0.6
+    np.testing.assert_allclose(scores[0], long / (10 / 6) ** 0.6, rtol=1e-5)
+
+    # Greedy takes the locally best first token.
+    ids, _ = greedy_search(model, source, use_cache=use_cache)
+    assert unpad(ids[0]) == [EOS]
+
+
+def test_search_stops_early():
+    """The loop ends as soon as no alive hypothesis can beat the best finished one."""
+    model = ScriptedModel()
+    source = np.array([[7, 7, 7]], np.int32)
+    # alpha = 0: after step 1, [eos] (log .30) beats the best alive [a] (log .28).
+    model.steps.assign(0)
+    beam_search(model, source, beam_size=2, alpha=0.0)
+    assert int(model.steps.numpy()) == 1
+    model.steps.assign(0)
+    greedy_search(model, source)
+    assert int(model.steps.numpy()) == 1
+    # alpha = 0.6: [a, a, a, a, eos] wins at step 5; alive hypotheses fall below
+    # the bound a few steps later, long before the limit of 3 + 50 tokens.
+    model.steps.assign(0)
+    beam_search(model, source, beam_size=2, alpha=0.6)
+    assert 5 <= int(model.steps.numpy()) < 10
+
+
+def test_length_penalty_formula():
+    np.testing.assert_allclose(length_penalty(1, 0.6), 1.0)
+    np.testing.assert_allclose(length_penalty(7, 0.6), 2.0**0.6, rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(7, 0.0), 1.0)
+
+
+def test_invalid_options(random_model, sources):
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(random_model, sources, beam_size=0)
+    with pytest.raises(ValueError, match="max_length"):
+        greedy_search(random_model, sources, max_length=0)
+    with pytest.raises(ValueError, match="method"):
+        make_decode_fn(random_model, "sample")
+    with pytest.raises(TypeError, match="beam_size"):
+        make_decode_fn(random_model, "greedy", beam_size=4)
+
+
+# ----------------------------------------------------------------------------------
+# A model trained to copy its input
+# ----------------------------------------------------------------------------------
+
+COPY_VOCAB = 16
+
+
+def copy_batch(n, rng, min_len=3, max_len=8):
+    """Random sequences of tokens 4..15; the target is the same sequence."""
+    rows = [rng.integers(4, COPY_VOCAB, size=rng.integers(min_len, max_len + 1)).tolist() for _ in range(n)]
+    source = padded(rows, max_len)
+    target_in = padded([[BOS] + r for r in rows], max_len + 1)
+    target_out = padded([r + [EOS] for r in rows], max_len + 1)
+    return source, target_in, target_out, rows
+
+
+@pytest.fixture(scope="module")
+def copy_model():
+    model = tiny_model(COPY_VOCAB, d_model=32, seed=0)
+    steps, batch = 500, 64
+    source, target_in, target_out, _ = copy_batch(steps * batch, np.random.default_rng(0))
+    schedule = keras.optimizers.schedules.PolynomialDecay(5e-3, steps, 2.5e-4)
+    model.compile(optimizer=keras.optimizers.Adam(schedule, beta_2=0.98))
+    model.fit((source, target_in), target_out, batch_size=batch, epochs=1, verbose=0)
+    return model
+
+
+def test_trained_copy_model_decodes_exactly(copy_model):
+    source, _, _, rows = copy_batch(64, np.random.default_rng(1))
+    ids, scores = beam_search(copy_model, source)
+    decoded = [unpad(r) for r in ids.numpy()]
+    exact = np.mean([d == r + [EOS] for d, r in zip(decoded, rows)])
+    assert exact >= 0.95, f"only {exact:.0%} of held-out sequences copied exactly"
+
+    # The same sentences one by one, and through the uncached reference.
+    for b in (0, 1):
+        alone, _ = beam_search(copy_model, source[b : b + 1, : len(rows[b])])
+        assert unpad(alone[0]) == decoded[b]
+    ref_ids, ref_scores = beam_search(copy_model, source[:8], use_cache=False)
+    assert [unpad(r) for r in ref_ids.numpy()] == decoded[:8]
+    np.testing.assert_allclose(ref_scores.numpy(), scores.numpy()[:8], rtol=1e-4, atol=1e-5)
+
+
+def test_min_length_forbids_early_eos(copy_model):
+    source, _, _, rows = copy_batch(8, np.random.default_rng(2), max_len=6)
+    ids, _ = beam_search(copy_model, source, min_length=8)
+    for row in ids.numpy():
+        tokens = unpad(row)
+        assert EOS not in tokens[:8]
+        assert len(tokens) >= 8
