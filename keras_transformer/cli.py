@@ -13,6 +13,8 @@ import sys
 # Modules that define `register_commands(subparsers)`, in the order of --help.
 COMMAND_MODULES = (
     "keras_transformer.training",
+    "keras_transformer.translator",
+    "keras_transformer.attention_maps",
 )
 
 

@@ -78,6 +78,7 @@ def greedy_search(
     bos_id=DEFAULT_BOS_ID,
     eos_id=DEFAULT_EOS_ID,
     use_cache=True,
+    max_extra_length=EXTRA_OUTPUT_LENGTH,
 ):
     """Greedy decoding: the most probable token at every step.
 
@@ -91,6 +92,8 @@ def greedy_search(
             output tokens (CTranslate2's `min_decoding_length`).
         bos_id, eos_id: start and end token ids.
         use_cache: False recomputes the whole prefix at every step (reference).
+        max_extra_length: with `max_length=None`, each sentence's output may
+            be this many tokens longer than its source (50 in §6.1).
 
     Returns:
         `token_ids` int32 `[B, L]`: the output tokens without the start token,
@@ -102,7 +105,7 @@ def greedy_search(
     The pad id is never generated.
     """
     options = dict(max_length=max_length, min_length=min_length, bos_id=bos_id, eos_id=eos_id,
-                   use_cache=use_cache)
+                   use_cache=use_cache, max_extra_length=max_extra_length)
     _check_options(**options)
     if tf.executing_eagerly():
         return _eager_call(model, "greedy", source_ids, options)
@@ -122,6 +125,7 @@ def beam_search(
     eos_id=DEFAULT_EOS_ID,
     return_all=False,
     use_cache=True,
+    max_extra_length=EXTRA_OUTPUT_LENGTH,
 ):
     """Beam search with the GNMT length penalty, as in §6.1 (K = 4, alpha = 0.6).
 
@@ -161,6 +165,8 @@ def beam_search(
         bos_id, eos_id: start and end token ids.
         return_all: return the K finished hypotheses, best first.
         use_cache: False recomputes the whole prefix at every step (reference).
+        max_extra_length: with `max_length=None`, each sentence's output may
+            be this many tokens longer than its source (50 in §6.1).
 
     Returns:
         `token_ids` int32 `[B, L]` (`[B, K, L]` with `return_all`): without the
@@ -172,7 +178,8 @@ def beam_search(
     is never generated.
     """
     options = dict(beam_size=beam_size, alpha=alpha, max_length=max_length, min_length=min_length,
-                   bos_id=bos_id, eos_id=eos_id, return_all=return_all, use_cache=use_cache)
+                   bos_id=bos_id, eos_id=eos_id, return_all=return_all, use_cache=use_cache,
+                   max_extra_length=max_extra_length)
     _check_options(**options)
     if tf.executing_eagerly():
         return _eager_call(model, "beam", source_ids, options)
@@ -211,10 +218,10 @@ def make_decode_fn(model, method="beam", jit_compile=False, **options):
 # ----------------------------------------------------------------------------------
 
 
-def _greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_id, use_cache):
+def _greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_id, use_cache, max_extra_length):
     """Untrimmed greedy search: `(token_ids [B, L], scores [B])`."""
     batch_size = tf.shape(source_ids)[0]
-    buffer_length, limits = _output_limits(model, source_ids, max_length)  # L, [B]
+    buffer_length, limits = _output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
     memory = model.encode(source_ids, training=False)  # [B, S, D]
     step = _make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache)
 
@@ -250,12 +257,13 @@ def _greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_
 
 
 def _beam_search_graph(
-    model, source_ids, beam_size, alpha, max_length, min_length, bos_id, eos_id, return_all, use_cache
+    model, source_ids, beam_size, alpha, max_length, min_length, bos_id, eos_id, return_all, use_cache,
+    max_extra_length,
 ):
     """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first."""
     k = beam_size
     batch_size = tf.shape(source_ids)[0]
-    buffer_length, limits = _output_limits(model, source_ids, max_length)  # L, [B]
+    buffer_length, limits = _output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
 
     # Encode once; the K beams of a sentence share its memory (rows b*K .. b*K + K-1).
     memory = model.encode(source_ids, training=False)  # [B, S, D]
@@ -401,16 +409,16 @@ def _make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, b
 # ----------------------------------------------------------------------------------
 
 
-def _output_limits(model, source_ids, max_length):
+def _output_limits(model, source_ids, max_length, max_extra_length=EXTRA_OUTPUT_LENGTH):
     """Output buffer length L (scalar) and each sentence's maximum output length `[B]`.
 
-    None: source length + 50 per sentence (§6.1), L = S + 50 (a static value
-    under XLA). With learned positions, L is capped by the position table.
+    None: source length + `max_extra_length` (50 in §6.1) per sentence,
+    L = S + `max_extra_length` (a static value under XLA). With learned positions, L is capped by the position table.
     """
     if max_length is None:
         source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
-        buffer_length = tf.shape(source_ids)[1] + EXTRA_OUTPUT_LENGTH
-        limits = source_lengths + EXTRA_OUTPUT_LENGTH
+        buffer_length = tf.shape(source_ids)[1] + max_extra_length
+        limits = source_lengths + max_extra_length
     else:
         buffer_length = tf.constant(max_length, tf.int32)
         limits = tf.fill([tf.shape(source_ids)[0]], max_length)
@@ -451,13 +459,16 @@ def _trim_padding(token_ids):
     return token_ids[..., : tf.reduce_max(lengths)]
 
 
-def _check_options(beam_size=1, alpha=0.0, max_length=None, min_length=0, bos_id=2, eos_id=3, **_):
+def _check_options(beam_size=1, alpha=0.0, max_length=None, min_length=0, bos_id=2, eos_id=3,
+                   max_extra_length=EXTRA_OUTPUT_LENGTH, **_):
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}.")
     if not float(alpha) >= 0.0:
         raise ValueError(f"alpha must be >= 0, got {alpha!r}.")
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise ValueError(f"max_length must be None or a positive integer, got {max_length!r}.")
+    if isinstance(max_extra_length, bool) or not isinstance(max_extra_length, int) or max_extra_length < 1:
+        raise ValueError(f"max_extra_length must be a positive integer, got {max_extra_length!r}.")
     if isinstance(min_length, bool) or not isinstance(min_length, int) or min_length < 0:
         raise ValueError(f"min_length must be a non-negative integer, got {min_length!r}.")
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):

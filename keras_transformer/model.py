@@ -100,8 +100,13 @@ class Transformer(keras.Model):
         )
         self.encoder = Encoder(**stack, name="encoder")
         self.decoder = Decoder(**stack, name="decoder")
+        # Every shape is known from the config: create the weights now, so that
+        # encode / init_cache / decode_step work before any full call.
+        self.build()
 
     def build(self, input_shape=None):
+        if self.built:
+            return
         d_model = self.config.d_model
         embedded = (None, None, d_model)
         for layer in {id(l): l for l in (self.source_embedding, self.target_embedding, self.output_projection)}.values():

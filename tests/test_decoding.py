@@ -165,6 +165,8 @@ def test_default_max_length_is_source_length_plus_50_per_sentence(random_model, 
     lengths = [len(unpad(r)) for r in ids.numpy()]
     assert lengths == (source_lengths(sources) + 50).tolist()
     assert EOS not in ids.numpy()
+    ids, _ = greedy_search(random_model, sources, min_length=1000, max_extra_length=3)
+    assert [len(unpad(r)) for r in ids.numpy()] == (source_lengths(sources) + 3).tolist()
 
 
 def test_batch_decodes_like_single_sentences(random_model, sources, random_results):
