@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "keras_transformer.training",
     "keras_transformer.translator",
     "keras_transformer.attention_maps",
+    "keras_transformer.export",
 )
 
 
