@@ -25,10 +25,11 @@ setup(
         "sacrebleu>=2.4",
         "sacremoses>=0.1",
         "matplotlib>=3.8",
+        "tensorboard~=2.21.0",
     ],
     extras_require={
-        "test": ["pytest>=8"],
-        "bench": ["keras-hub", "ctranslate2", "torch==2.13.0"],
+        "test": ["pytest>=8", "tensorflow-serving-api~=2.21.0"],
+        "bench": ["keras-hub==0.32.0", "ctranslate2==4.8.5", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
 )

@@ -1,0 +1,115 @@
+"""Worker processes for tests/test_distributed.py (tf.distribute needs a fresh process).
+
+    python tests/distributed_worker.py mirrored RUN_DIR SPM_MODEL
+        Two logical CPU devices. Trains the same tiny model (dropout 0) on the
+        same global batches twice in this process: with MirroredStrategy over
+        the two devices, then on one device. Prints one JSON line: the loss
+        after every step of both runs, the per-replica target-token counts of
+        the batches, and the largest weight difference at the end.
+
+    TF_CONFIG=... python tests/distributed_worker.py multiworker RUN_DIR SPM_MODEL
+        One worker of a MultiWorkerMirroredStrategy cluster (from TF_CONFIG).
+        Trains a few steps; the run directory holds the final weights (the
+        chief in RUN_DIR, worker i in RUN_DIR/worker-i). Prints one JSON line.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+TINY = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
+            warmup_steps=4, lr_scale=1.0, checkpoint_every=1000, log_every=1000, verbose=0, seed=7,
+            overrides={"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64})
+
+
+def _prepare(run_dir, spm_model):
+    os.makedirs(run_dir, exist_ok=True)
+    shutil.copy(spm_model, os.path.join(run_dir, "spm.model"))  # skip training the vocabulary
+
+
+def mirrored(run_dir, spm_model, steps=6):
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    )
+    import keras
+    import numpy as np
+
+    from keras_transformer import training
+
+    class Losses(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.losses = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.losses.append(float(logs["loss"]))
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    assert len(devices) == 2, devices
+    results = {}
+    for name, strategy in (
+        ("mirrored", tf.distribute.MirroredStrategy(devices)),
+        ("one_device", tf.distribute.OneDeviceStrategy(devices[0])),
+    ):
+        directory = os.path.join(run_dir, name)
+        _prepare(directory, spm_model)
+        recorder = Losses()
+        args = training.TrainingArgs(output=directory, max_steps=steps, batch_multiple=2, **TINY)
+        result = training.train(args, callbacks=[recorder], strategy=strategy)
+        results[name] = dict(
+            replicas=strategy.num_replicas_in_sync,
+            losses=recorder.losses,
+            weights=[w.astype("float64") for w in result.model.get_weights()],
+        )
+
+    # The global batches both runs saw, and what each of the two replicas got.
+    args = training.TrainingArgs(output=os.path.join(run_dir, "mirrored"), max_steps=steps, batch_multiple=2, **TINY)
+    from keras_transformer import data
+    from keras_transformer.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(spm_model)
+    stream = training._TrainingData(args, tokenizer, data.load_dataset("multi30k", "train"), 2, 32)
+    per_epoch = stream.batches_per_epoch()
+    replica_tokens = []
+    for (_, _), labels in stream.stream(0, per_epoch).take(steps):
+        labels = labels.numpy()
+        half = labels.shape[0] // 2
+        replica_tokens.append([int((labels[:half] != 0).sum()), int((labels[half:] != 0).sum())])
+    max_weight_diff = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(results["mirrored"]["weights"], results["one_device"]["weights"])
+    )
+    print(json.dumps(dict(
+        replicas={k: v["replicas"] for k, v in results.items()},
+        mirrored=results["mirrored"]["losses"],
+        one_device=results["one_device"]["losses"],
+        replica_tokens=replica_tokens,
+        max_weight_diff=max_weight_diff,
+    )), flush=True)
+
+
+def multiworker(run_dir, spm_model, steps=4):
+    from keras_transformer import distribute, training
+
+    strategy = distribute.get_strategy()  # before anything else touches TensorFlow
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    if task["index"] == 0:
+        _prepare(run_dir, spm_model)
+    else:
+        os.makedirs(run_dir, exist_ok=True)
+        if not os.path.exists(os.path.join(run_dir, "spm.model")):
+            shutil.copy(spm_model, os.path.join(run_dir, "spm.model"))
+    args = training.TrainingArgs(output=run_dir, max_steps=steps, **{**TINY, "checkpoint_every": 2})
+    result = training.train(args, strategy=strategy)
+    print(json.dumps(dict(task=task, replicas=strategy.num_replicas_in_sync, step=result.step,
+                          run_dir=result.run_dir)), flush=True)
+
+
+if __name__ == "__main__":
+    mode, run_dir, spm_model = sys.argv[1:4]
+    {"mirrored": mirrored, "multiworker": multiworker}[mode](run_dir, spm_model)

@@ -1,0 +1,106 @@
+"""`train` under tf.distribute: N replicas train like one device; workers stay in sync.
+
+Each test runs tests/distributed_worker.py in fresh processes (logical devices
+and MultiWorkerMirroredStrategy must be configured before TensorFlow starts).
+Only loopback traffic; every process has a timeout.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+WORKER = pathlib.Path(__file__).resolve().parent / "distributed_worker.py"
+TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def spm500(tmp_path_factory):
+    from keras_transformer import datasets
+    from keras_transformer.tokenizer import train_tokenizer
+
+    prefix = tmp_path_factory.mktemp("spm") / "spm"
+    train_tokenizer(datasets.read_lines("train", "en") + datasets.read_lines("train", "de"), prefix, 500)
+    return str(prefix) + ".model"
+
+
+def last_json_line(text):
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"no JSON result in the output:\n{text}")
+
+
+def worker_env(**extra):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def test_mirrored_two_replicas_train_like_one_device(tmp_path, spm500):
+    """Same global batches, dropout 0: MirroredStrategy over two CPU devices gives the
+    one-device loss after every step, although the two halves of each batch hold
+    different numbers of target tokens (the loss divides by the global count)."""
+    done = subprocess.run([sys.executable, str(WORKER), "mirrored", str(tmp_path), spm500],
+                          capture_output=True, text=True, env=worker_env(), timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = last_json_line(done.stdout)
+    assert result["replicas"] == {"mirrored": 2, "one_device": 1}
+    tokens = np.array(result["replica_tokens"])
+    assert len(tokens) == len(result["mirrored"]) == len(result["one_device"]) == 6
+    assert np.any(tokens[:, 0] != tokens[:, 1]), tokens  # unequal halves: a per-replica mean would differ
+    np.testing.assert_allclose(result["mirrored"], result["one_device"], rtol=2e-5)
+    assert result["mirrored"][-1] < result["mirrored"][0]
+    assert result["max_weight_diff"] < 1e-3
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_weights(path):
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: arrays.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+    return arrays
+
+
+def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    run_dir = tmp_path / "run"
+    processes = []
+    try:
+        for index in range(2):
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            processes.append(subprocess.Popen(
+                [sys.executable, str(WORKER), "multiworker", str(run_dir), spm500],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(TF_CONFIG=tf_config),
+            ))
+        outputs = [process.communicate(timeout=TIMEOUT) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    for process, (out, err) in zip(processes, outputs):
+        assert process.returncode == 0, out[-3000:] + err[-3000:]
+    results = [last_json_line(out) for out, _ in outputs]
+    assert [r["replicas"] for r in results] == [2, 2] and [r["step"] for r in results] == [4, 4]
+
+    chief = read_weights(run_dir / "checkpoints" / "ckpt-00000004.weights.h5")
+    worker = read_weights(run_dir / "worker-1" / "checkpoints" / "ckpt-00000004.weights.h5")
+    earlier = read_weights(run_dir / "checkpoints" / "ckpt-00000002.weights.h5")
+    assert chief.keys() == worker.keys() and len(chief) > 10
+    for name in chief:
+        np.testing.assert_array_equal(chief[name], worker[name], err_msg=name)
+    assert any(not np.array_equal(chief[name], earlier[name]) for name in chief)  # it did train
+    assert (run_dir / "model.keras").exists() and (run_dir / "worker-1" / "model.keras").exists()

@@ -1,0 +1,358 @@
+"""Training (keras_transformer.training), scores (evaluation) and the Multi30k example.
+
+Tiny models only. The slow parts are two `keras-transformer train` processes
+(one killed with SIGKILL after its first checkpoint, then the same command
+again) shared by the resume and run-directory tests, an exact-resume check in
+process, and the example script with a few steps.
+"""
+
+import csv
+import glob
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from keras_transformer import training
+from keras_transformer.evaluation import corpus_scores, format_scores
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
+
+
+@pytest.fixture(scope="module")
+def spm500(tmp_path_factory):
+    """A 500-piece vocabulary of Multi30k train (copied into run directories to skip training it)."""
+    from keras_transformer import datasets
+    from keras_transformer.tokenizer import train_tokenizer
+
+    prefix = tmp_path_factory.mktemp("spm") / "spm"
+    train_tokenizer(datasets.read_lines("train", "en") + datasets.read_lines("train", "de"), prefix, 500)
+    return str(prefix) + ".model"
+
+
+def new_run_dir(path, spm_model):
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(spm_model, path / "spm.model")
+    return path
+
+
+def read_csv(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def cli_command():
+    script = pathlib.Path(sys.executable).with_name("keras-transformer")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "keras_transformer.cli"]
+
+
+# ----------------------------------------------------------------------------------
+# Kill and resume: one CLI run SIGKILLed after its first checkpoint, then the same command
+# ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory, spm500):
+    run_dir = new_run_dir(tmp_path_factory.mktemp("runs") / "multi30k_tiny", spm500)
+    train_argv = [
+        "--preset", "tiny", "--vocab-size", "500", "--max-steps", "30", "--checkpoint-every", "5",
+        "--average-last", "3", "--warmup-steps", "10", "--log-every", "5", "--max-length", "64",
+        "--batch-tokens", "2048", "--verbose", "2", "--output", str(run_dir),
+    ]
+    command = cli_command() + ["train"] + train_argv
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 240
+    try:
+        while not glob.glob(str(run_dir / "checkpoints" / "ckpt-*.weights.h5")):
+            assert first.poll() is None, f"train exited before its first checkpoint:\n{first.stdout.read()}"
+            assert time.monotonic() < deadline, "no checkpoint after 240 s"
+            time.sleep(0.1)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first_output = first.communicate()[0]
+    assert first.returncode == -signal.SIGKILL
+    killed_checkpoints = sorted(os.listdir(run_dir / "checkpoints"))
+    second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    return dict(run_dir=run_dir, first_output=first_output, killed_checkpoints=killed_checkpoints,
+                output=second.stdout, train_argv=train_argv)
+
+
+def test_sigkilled_run_resumes_from_its_last_checkpoint(killed_and_resumed):
+    output = killed_and_resumed["output"]
+    match = re.search(r"^resumed from step (\d+)$", output, re.MULTILINE)
+    assert match, output
+    assert 5 <= int(match.group(1)) < 30
+    assert "resumed from" not in killed_and_resumed["first_output"]
+    run_dir = killed_and_resumed["run_dir"]
+    history = read_csv(run_dir / "history.csv")
+    assert [int(row["epoch"]) for row in history] == [0]  # no duplicate row from the killed run
+    assert int(history[-1]["step"]) == 30
+    steps = [int(row["step"]) for row in read_csv(run_dir / "steps.csv")]
+    assert steps == sorted(set(steps)) and steps[-1] == 30
+    checkpoints = [step for step, _ in training.list_checkpoints(run_dir)]
+    assert checkpoints == [10, 15, 20, 25, 30]  # keeps max(--keep-checkpoints 5, --average-last 3)
+    assert json.loads((run_dir / "backup" / "state.json").read_text())["step"] == 30
+
+
+def test_run_directory_has_everything(killed_and_resumed):
+    run_dir = killed_and_resumed["run_dir"]
+    for name in ("config.json", "spm.model", "history.csv", "steps.csv", "curves.png", "model.keras"):
+        assert (run_dir / name).is_file(), name
+    assert glob.glob(str(run_dir / "logs" / "train" / "events.out.tfevents.*"))
+    assert glob.glob(str(run_dir / "logs" / "validation" / "events.out.tfevents.*"))
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["model"]["num_layers"] == 2 and config["model"]["vocab_size"] == 500
+    assert config["training"]["max_steps"] == 30 and config["data"]["spec"] == "multi30k"
+    # Loss went down (steps.csv holds the mean loss of each 5 steps).
+    losses = [float(row["loss"]) for row in read_csv(run_dir / "steps.csv")]
+    assert losses[-1] < losses[0] - 0.5, losses
+    row = read_csv(run_dir / "history.csv")[-1]
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate", "tokens_per_sec"):
+        assert float(row[key]) > 0, key
+    # model.keras is the mean of the last 3 checkpoints (§6.1), and load_run gives it back.
+    model, tokenizer = training.load_run(str(run_dir))
+    assert tokenizer.vocab_size == 500
+    expected = training.average_checkpoints([p for _, p in training.list_checkpoints(run_dir)[-3:]])
+    for got, want in zip(model.get_weights(), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_average_checkpoints_command(killed_and_resumed, tmp_path):
+    from keras_transformer import cli
+
+    run_dir = killed_and_resumed["run_dir"]
+    output = tmp_path / "avg2.weights.h5"
+    assert cli.main(["average-checkpoints", str(run_dir), "--last", "2", "--output", str(output)]) == 0
+    model = training._build_model(training._model_config_of_run(str(run_dir)))
+    paths = [p for _, p in training.list_checkpoints(run_dir)[-2:]]
+    weights = []
+    for path in paths:
+        model.load_weights(path)
+        weights.append(model.get_weights())
+    model.load_weights(str(output))
+    for got, a, b in zip(model.get_weights(), *weights):
+        np.testing.assert_allclose(got, (a.astype(np.float64) + b) / 2, rtol=1e-6, atol=1e-7)
+
+
+def test_finished_run_started_again_trains_nothing(killed_and_resumed, capsys):
+    import argparse
+
+    run_dir = killed_and_resumed["run_dir"]
+    history = (run_dir / "history.csv").read_text()
+    parser = training.add_training_arguments(argparse.ArgumentParser())
+    args = training.args_from_namespace(parser.parse_args(killed_and_resumed["train_argv"]))
+    result = training.train(args)
+    assert (result.resumed_from, result.step) == (30, 30)
+    assert "nothing to train" in capsys.readouterr().out
+    assert (run_dir / "history.csv").read_text() == history
+
+
+# ----------------------------------------------------------------------------------
+# In process
+# ----------------------------------------------------------------------------------
+
+
+def test_average_checkpoints_is_the_elementwise_mean(tmp_path):
+    from keras_transformer import Transformer, TransformerConfig
+
+    model = Transformer(TransformerConfig.tiny(vocab_size=50, num_layers=1))
+    model.build()
+    rng = np.random.default_rng(0)
+    drawn, paths = [], []
+    for i in range(3):
+        weights = [rng.normal(size=w.shape).astype(w.dtype) for w in model.get_weights()]
+        model.set_weights(weights)
+        paths.append(str(tmp_path / f"ckpt-{i:08d}.weights.h5"))
+        model.save_weights(paths[-1])
+        drawn.append(weights)
+    before = model.get_weights()
+    averaged = training.average_checkpoints(paths, model)
+    assert len(averaged) == len(before)
+    for got, *parts in zip(averaged, *drawn):
+        np.testing.assert_allclose(got, np.mean(parts, axis=0), rtol=1e-6, atol=1e-6)
+    for got, want in zip(model.get_weights(), before):  # the model is left as it was
+        np.testing.assert_array_equal(got, want)
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path, spm500):
+    """Weights, optimizer state, learning-rate step and data position all survive a restart.
+
+    A copy of the run directory taken right after the checkpoint of step 3 (what a
+    run killed then leaves behind) is continued to step 8: it ends with exactly the
+    weights of the run that was never interrupted. Step 3 is inside the first epoch.
+    """
+    import keras
+
+    options = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
+                   warmup_steps=4, checkpoint_every=3, log_every=3, verbose=0, overrides=TINY_NET, max_steps=8)
+    whole_dir = new_run_dir(tmp_path / "whole", spm500)
+    copy_dir = tmp_path / "copy"
+
+    class CopyAtStep3(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:  # step 3: its checkpoint and backup are written
+                shutil.copytree(whole_dir, copy_dir)
+
+    whole = training.train(training.TrainingArgs(output=str(whole_dir), **options), callbacks=[CopyAtStep3()])
+    resumed = training.train(training.TrainingArgs(output=str(copy_dir), **options))
+    assert (whole.step, resumed.step, resumed.resumed_from) == (8, 8, 3)
+    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resuming_with_another_model_is_refused(tmp_path, spm500):
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+    args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
+    (run_dir / "config.json").write_text(json.dumps({
+        "model": args.model_config().to_dict(), "training": args.to_dict(), "data": {}}))
+    other = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=999,
+                                  overrides={"num_layers": 3})
+    with pytest.raises(ValueError, match=r"num_layers.*batch_tokens|batch_tokens.*num_layers"):
+        training._check_resume_config(str(run_dir), other, other.model_config())
+    assert training._check_resume_config(str(run_dir), args, args.model_config()) is not None
+
+
+def test_epoch_length_is_counted_exactly(spm500):
+    from keras_transformer import data
+    from keras_transformer.tokenizer import Tokenizer
+
+    args = training.TrainingArgs(output="unused", batch_tokens=512, max_length=24)
+    stream = training._TrainingData(args, Tokenizer(spm500), data.load_dataset("multi30k", "val"), 2, 24)
+    expected = stream.batches_per_epoch()
+    batches = list(stream._epoch_batches(5))
+    assert len(batches) == expected > 0
+    assert all(b[1].shape[0] % 2 == 0 and b[1].shape[0] * b[1].shape[1] <= 512 for b in batches)
+    # A stream started at step k continues the stream started at 0 (what a resume relies on).
+    start = expected - 2
+    full = [b[1].numpy() for b in stream.stream(0, expected).take(start + 4)]
+    later = [b[1].numpy() for b in stream.stream(start, expected).take(4)]
+    for a, b in zip(full[start:], later):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(full[0], full[expected]) or full[0].shape != full[expected].shape
+
+
+def test_fit_plan_finishes_an_interrupted_epoch_first():
+    assert training._fit_plan(0, 20, 100) == [(0, 1, 20)]
+    assert training._fit_plan(0, 250, 100) == [(0, 3, 100)]
+    assert training._fit_plan(130, 250, 100) == [(1, 2, 70), (2, 3, 50)]
+    assert training._fit_plan(130, 150, 100) == [(1, 2, 20)]
+    assert training._fit_plan(200, 450, 100) == [(2, 5, 100)]
+
+
+def test_command_line_options_map_to_training_args():
+    import argparse
+
+    parser = training.add_training_arguments(argparse.ArgumentParser())
+    namespace = parser.parse_args([
+        "--preset", "base", "--num-layers", "4", "--dropout", "0.3", "--norm-first", "--set", "use_bias=true",
+        "--set", "layer_norm_epsilon=1e-5", "--precision", "mixed_bfloat16", "--xla", "--max-steps", "100",
+        "--warmup-steps", "50", "--lr-scale", "2", "--average-last", "5", "--validation-split", "none",
+        "--data", "files:a.{src},b.{tgt}",
+    ])
+    args = training.args_from_namespace(namespace)
+    assert args.overrides == {"num_layers": 4, "dropout": 0.3, "norm_first": True, "use_bias": True,
+                              "layer_norm_epsilon": 1e-5}
+    assert (args.precision, args.xla, args.max_steps, args.warmup_steps, args.lr_scale) == (
+        "mixed_bfloat16", True, 100, 50, 2.0)
+    assert args.validation_split is None and args.average_last == 5 and args.data == "files:a.{src},b.{tgt}"
+    config = args.model_config()
+    assert (config.num_layers, config.d_model, config.dropout, config.norm_first) == (4, 512, 0.3, True)
+    defaults = training.args_from_namespace(parser.parse_args([]))
+    assert defaults.overrides == {} and defaults.warmup_steps == 4000 and defaults.precision == "float32"
+    with pytest.raises(ValueError, match="precision"):
+        training.TrainingArgs(precision="float64")
+
+
+def test_streamed_corpora_batches(spm500):
+    """tfds corpora are streamed: shuffled with a seed, repeated, epochs of --steps-per-epoch."""
+    from keras_transformer import data
+    from keras_transformer.tokenizer import Tokenizer
+
+    args = training.TrainingArgs(output="unused", data="tfds:fake", batch_tokens=512, max_length=24,
+                                 steps_per_epoch=7)
+    stream = training._TrainingData(args, Tokenizer(spm500), data.load_dataset("multi30k", "val"), 1, 24)
+    assert stream.streamed and stream.batches_per_epoch() == 7
+    for (source, target_in), target_out in stream.stream(0, 7).take(2):
+        assert source.shape[0] == target_out.shape[0] > 0 and source.shape[0] * source.shape[1] <= 512
+
+
+# ----------------------------------------------------------------------------------
+# Scores
+# ----------------------------------------------------------------------------------
+
+
+def test_corpus_scores():
+    references = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Tennis im Park."]
+    perfect = corpus_scores(references, references)
+    assert perfect["bleu"] == pytest.approx(100) and perfect["tok_bleu"] == pytest.approx(100)
+    assert perfect["chrf"] == pytest.approx(100) and perfect["sentences"] == 2
+    assert "tok:13a" in perfect["bleu_signature"] and "case:mixed" in perfect["bleu_signature"]
+    assert "tok:none" in perfect["tok_bleu_signature"] and "moses-de" in perfect["tok_bleu_signature"]
+    assert perfect["chrf_signature"].startswith("nrefs:1")
+    # Case differences count for sacreBLEU but not for the lower-cased tokenized BLEU.
+    shouted = corpus_scores([r.upper() for r in references], references)
+    assert shouted["bleu"] < 10 and shouted["tok_bleu"] == pytest.approx(100)
+    lines = format_scores(perfect).splitlines()
+    assert len(lines) == 3 and lines[0].startswith("BLEU (sacreBLEU, cased") and lines[2].startswith("chrF")
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        corpus_scores(references, references[:1])
+
+
+# ----------------------------------------------------------------------------------
+# The example
+# ----------------------------------------------------------------------------------
+
+
+def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
+    spec = importlib.util.spec_from_file_location("train_multi30k", ROOT / "examples" / "train_multi30k.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+    report = example.main([
+        "--preset", "tiny", "--vocab-size", "500", "--max-steps", "6", "--checkpoint-every", "3",
+        "--average-last", "2", "--warmup-steps", "3", "--max-length", "48", "--batch-tokens", "2048",
+        "--eval-limit", "4", "--samples", "2", "--verbose", "0", "--output", str(run_dir),
+        "--export-dir", str(tmp_path / "saved_models"),
+    ])
+    out = capsys.readouterr().out
+    assert re.search(r"^BLEU \(sacreBLEU, cased, detokenized\) = \d+\.\d\d ", out, re.MULTILINE), out
+    assert re.search(r"^BLEU \(lower-cased, Moses-tokenized\) = \d+\.\d\d ", out, re.MULTILINE), out
+    assert re.search(r"^chrF = \d+\.\d\d ", out, re.MULTILINE), out
+    assert "Averaged the last 2 checkpoints" in out and "SRC  " in out and "HYP  " in out
+    assert report["sentences"] == 4 and report["step"] == 6 and 0 <= report["bleu"] <= 100
+    hypotheses = (run_dir / "test2016.hyp.de").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == 4
+    assert json.loads((run_dir / "test2016_scores.json").read_text())["tok_bleu"] == report["tok_bleu"]
+    if importlib.util.find_spec("keras_transformer.export") is None:
+        assert "Skipping the SavedModel export" in out
+    else:
+        assert report["export_path"] and os.path.isdir(report["export_path"])
+
+
+def test_wmt14_example_has_the_papers_recipes(capsys):
+    spec = importlib.util.spec_from_file_location("train_wmt14", ROOT / "examples" / "train_wmt14.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    base = example.main(["--dry-run"])
+    assert (base.preset, base.max_steps, base.warmup_steps, base.batch_tokens, base.average_last) == (
+        "base", 100_000, 4000, 25000, 5)
+    assert base.data == "tfds:wmt14_translate/de-en" and base.vocab_size == 37000
+    big = example.main(["--recipe", "big", "--dry-run", "--precision", "mixed_float16"])
+    assert (big.max_steps, big.average_last, big.precision) == (300_000, 20, "mixed_float16")
+    config = big.model_config()
+    assert (config.num_layers, config.d_model, config.num_heads, config.d_ff, config.dropout) == (
+        6, 1024, 16, 4096, 0.3)
+    assert '"recipe": "big"' in capsys.readouterr().out
