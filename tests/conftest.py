@@ -4,8 +4,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import json  # noqa: E402
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
+
+TINY_RUN_VOCAB = 400
+TINY_RUN_MAX_LENGTH = 32
 
 
 @pytest.fixture(autouse=True)
@@ -14,3 +19,25 @@ def _fresh_keras_state():
     keras.mixed_precision.set_global_policy("float32")
     yield
     keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_run_dir(tmp_path_factory):
+    """A run directory as `keras_transformer.training` lays it out (config.json, spm.model,
+    model.keras): a SentencePiece vocabulary of 400 trained on 2000 Multi30k pairs and an
+    untrained tiny Transformer with max_length 32. Cheap stand-in for a training run."""
+    from keras_transformer import Transformer, TransformerConfig
+    from keras_transformer.datasets import read_lines
+    from keras_transformer.tokenizer import train_tokenizer
+
+    keras.utils.set_random_seed(0)
+    path = tmp_path_factory.mktemp("run")
+    texts = read_lines("train", "en")[:2000] + read_lines("train", "de")[:2000]
+    train_tokenizer(texts, path / "spm", vocab_size=TINY_RUN_VOCAB)
+    config = TransformerConfig.tiny(TINY_RUN_VOCAB, max_length=TINY_RUN_MAX_LENGTH)
+    model = Transformer(config)
+    model.compile()
+    model.save(path / "model.keras")
+    (path / "config.json").write_text(json.dumps(
+        {"model": config.to_dict(), "tokenizer": "spm.model", "final_model": "model.keras"}, indent=2))
+    return str(path)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import Transformer, TransformerConfig, cli
+from keras_transformer import cli
 from keras_transformer.datasets import read_lines
 from keras_transformer.export import (
     ASSET_FILENAME,
@@ -29,11 +29,11 @@ from keras_transformer.export import (
     list_versions,
     saved_model_ops,
 )
-from keras_transformer.tokenizer import train_tokenizer
 from keras_transformer.translator import Translator
 
-VOCAB = 400
-MAX_LENGTH = 32  # model max_length: longer sources are truncated to this many tokens
+from conftest import TINY_RUN_MAX_LENGTH as MAX_LENGTH  # longer sources are truncated to this many tokens
+from conftest import TINY_RUN_VOCAB as VOCAB
+
 EXTRA = 10  # max_extra_length at export (50 in the paper; small to keep the test fast)
 BIN = os.path.dirname(sys.executable)
 
@@ -128,22 +128,8 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """A run directory as `keras_transformer.training` lays it out: config.json, spm.model, model.keras."""
-    import keras
-
-    keras.utils.set_random_seed(0)
-    path = tmp_path_factory.mktemp("run")
-    texts = read_lines("train", "en")[:2000] + read_lines("train", "de")[:2000]
-    train_tokenizer(texts, path / "spm", vocab_size=VOCAB)
-    config = TransformerConfig.tiny(VOCAB, max_length=MAX_LENGTH)
-    model = Transformer(config)
-    model.build()
-    model.compile()
-    model.save(path / "model.keras")
-    (path / "config.json").write_text(json.dumps(
-        {"model": config.to_dict(), "tokenizer": "spm.model", "final_model": "model.keras"}, indent=2))
-    return str(path)
+def run_dir(tiny_run_dir):
+    return tiny_run_dir
 
 
 @pytest.fixture(scope="module")
