@@ -12,7 +12,7 @@ Everything lands in the run directory (default runs/multi30k_en_de: see
 keras_transformer.training); run the same command again after an
 interruption and training continues from the last checkpoint. The model is
 then exported as a SavedModel for TensorFlow Serving to
-saved_models/multi30k_en_de/ (when keras_transformer.export is available).
+saved_models/multi30k_en_de/.
 
 Run:
     python examples/train_multi30k.py                      # the demo (~30 min on 2 CPU cores)
@@ -23,7 +23,6 @@ Any `keras-transformer train` option works here too (see --help).
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -31,7 +30,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from keras_transformer import training  # noqa: E402
+from keras_transformer import datasets, training  # noqa: E402
+from keras_transformer.evaluation import corpus_scores, format_scores  # noqa: E402
+from keras_transformer.export import export_saved_model  # noqa: E402
+from keras_transformer.translator import Translator  # noqa: E402
 
 # Defaults of the demo, to be tuned. Measured throughput of preset "small" (3
 # layers, d_model 256, 7.6M parameters) with a vocabulary of 8000 on 4096-token
@@ -82,42 +84,6 @@ def build_parser():
     return parser
 
 
-def _available(module):
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def translate(model, tokenizer, sentences, beam, alpha, batch_size):
-    """Translations of `sentences` with beam search (the lead's Translator when present)."""
-    if _available("keras_transformer.translator"):
-        from keras_transformer.translator import Translator
-
-        try:
-            translator = Translator(model, tokenizer, beam_size=beam, alpha=alpha)
-            return translator.translate(sentences, batch_size=batch_size)
-        except Exception as error:  # the Translator is newer than this example: say so, then go on
-            print(f"Translator failed ({type(error).__name__}: {str(error).strip().splitlines()[-1]}); "
-                  "decoding with decoding.beam_search directly.", flush=True)
-    else:
-        print("keras_transformer.translator is not available: decoding with decoding.beam_search directly.")
-    import tensorflow as tf
-
-    from keras_transformer import decoding
-    from keras_transformer.tokenizer import EOS_ID
-
-    outputs = []
-    for start in range(0, len(sentences), batch_size):
-        chunk = sentences[start : start + batch_size]
-        pieces = tokenizer.tokenize(tf.constant(chunk))
-        eos = tf.fill([len(chunk), 1], tf.constant(EOS_ID, pieces.dtype))
-        source_ids = tf.concat([pieces, eos], axis=1).to_tensor()
-        token_ids, _ = decoding.beam_search(model, source_ids, beam_size=beam, alpha=alpha)
-        outputs.extend(t.decode("utf-8") for t in tokenizer.detokenize(token_ids).numpy())
-    return outputs
-
-
 def main(argv=None):
     parser = build_parser()
     namespace = parser.parse_args(argv)
@@ -130,9 +96,6 @@ def main(argv=None):
         print("Training diverged (NaN loss); not evaluating.")
         return {"stopped_on_nan": True}
 
-    from keras_transformer import datasets
-    from keras_transformer.evaluation import corpus_scores, format_scores
-
     sources = datasets.read_lines(namespace.eval_split, args.src)
     references = datasets.read_lines(namespace.eval_split, args.tgt)
     if namespace.eval_limit:
@@ -140,8 +103,8 @@ def main(argv=None):
     print(f"\nTranslating {len(sources)} sentences of Multi30k {namespace.eval_split} "
           f"({args.src}->{args.tgt}, beam {namespace.beam}, alpha {namespace.alpha}) ...", flush=True)
     started = time.perf_counter()
-    hypotheses = translate(result.model, result.tokenizer, sources, namespace.beam, namespace.alpha,
-                           namespace.eval_batch_size)
+    translator = Translator(result.model, result.tokenizer, beam_size=namespace.beam, alpha=namespace.alpha)
+    hypotheses = translator.translate(sources, batch_size=namespace.eval_batch_size)
     decode_seconds = time.perf_counter() - started
     scores = corpus_scores(hypotheses, references, lang=args.tgt)
     print(f"\nMulti30k {namespace.eval_split} {args.src}->{args.tgt}, {len(sources)} sentences, "
@@ -164,14 +127,9 @@ def main(argv=None):
 
     report["export_path"] = None
     if namespace.export:
-        if _available("keras_transformer.export"):
-            from keras_transformer.export import export_saved_model
-
-            path = export_saved_model(result.run_dir, namespace.export_dir)
-            report["export_path"] = str(path)
-            print(f"Exported SavedModel to {path}")
-        else:
-            print("Skipping the SavedModel export: keras_transformer.export is not available yet.")
+        path = export_saved_model(result.run_dir, namespace.export_dir)
+        report["export_path"] = str(path)
+        print(f"Exported SavedModel to {path}")
     return report
 
 
