@@ -1,0 +1,336 @@
+"""Shared helpers of the throughput benchmarks: alternating timed runs, medians, tables, RSS.
+
+The benchmarks compare systems (ours and peers) on one workload in one
+process. Every system is first set up and warmed up (graphs traced, XLA
+compiled, threads spun up); then the timed runs alternate, system after
+system, for `repeats` rounds:
+
+    round 1: ours, peer A, peer B, ...
+    round 2: ours, peer A, peer B, ...
+    ...
+
+so a slow phase of the machine (other jobs, thermal state) hits every system
+alike, and each system's result is the median of its runs.
+
+A `System` is a name plus a `setup()` that returns a `run()` callable; `run()`
+does one timed unit of work and returns the amounts done, e.g.
+`{"tokens": 2048}`. `setup()` raises `Skip` when the peer is not installed.
+
+Memory: `ru_maxrss` (`resource.getrusage`) is the peak resident set of the
+whole process and only grows, so with several systems in one process it
+cannot tell them apart. On Linux the peak (VmHWM) can be reset
+(`/proc/self/clear_refs`), so each system's row reports the highest resident
+set of the process *while that system was set up or running* (the other
+systems' models are resident too: compare rows by their difference, or look
+at "+RSS", the resident memory its setup added). The reset also resets
+`ru_maxrss`, so the process-wide peak is tracked here
+(`process_peak_rss_mb`) and reported once. Where the reset is not allowed,
+the rows show `ru_maxrss` after the system's runs instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def quiet_tensorflow():
+    """Call before importing TensorFlow: no C++ info logs, package importable from a checkout."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+
+
+class Skip(Exception):
+    """Raised by a `System.setup` that cannot run here (a peer is not installed)."""
+
+
+@dataclasses.dataclass
+class System:
+    """One contender.
+
+    Attributes:
+        name: row label, e.g. "ours fp32".
+        setup: builds and warms up; returns `run() -> {unit: amount}`.
+        baseline: name of the system its ratio is computed against (None: itself).
+        info: free-form details printed under the table and kept in the JSON.
+    """
+
+    name: str
+    setup: Callable[[], Callable[[], Dict[str, float]]]
+    baseline: Optional[str] = None
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    baseline: Optional[str]
+    info: dict
+    setup_seconds: float = 0.0
+    setup_rss_mb: float = 0.0
+    peak_rss_mb: float = 0.0
+    seconds: List[float] = dataclasses.field(default_factory=list)
+    amounts: List[Dict[str, float]] = dataclasses.field(default_factory=list)
+    skipped: Optional[str] = None
+
+    def rates(self, unit):
+        return [a[unit] / s for a, s in zip(self.amounts, self.seconds) if s > 0]
+
+    def median_rate(self, unit):
+        rates = self.rates(unit)
+        return statistics.median(rates) if rates else float("nan")
+
+
+# Memory ------------------------------------------------------------------------------
+
+
+def peak_rss_mb():
+    """Peak resident set size of this process so far, in MiB (`ru_maxrss` is KiB on Linux)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
+
+
+_PEAK_SEEN_MB = 0.0
+
+
+def process_peak_rss_mb():
+    """Peak RSS of the whole process so far, across `reset_peak_rss` calls, in MiB."""
+    return max(_PEAK_SEEN_MB, window_peak_rss_mb(), peak_rss_mb())
+
+
+def reset_peak_rss():
+    """Resets the process's peak RSS (VmHWM, and with it ru_maxrss) on Linux; False where not possible."""
+    global _PEAK_SEEN_MB
+    _PEAK_SEEN_MB = max(_PEAK_SEEN_MB, window_peak_rss_mb(), peak_rss_mb())
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def window_peak_rss_mb():
+    """VmHWM (peak RSS since the last `reset_peak_rss`) in MiB; `peak_rss_mb()` where unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return peak_rss_mb()
+
+
+def current_rss_mb():
+    """Current resident set size in MiB (Linux; falls back to the peak elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0)
+    except (OSError, ValueError, IndexError):
+        return peak_rss_mb()
+
+
+# Machine -----------------------------------------------------------------------------
+
+
+def load_average():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return [float("nan")] * 3
+
+
+def machine_info():
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": load_average(),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return info
+
+
+def package_versions(names):
+    from importlib import metadata
+
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+# Running -----------------------------------------------------------------------------
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_alternating(systems: List[System], repeats: int) -> List[Result]:
+    """Sets up every system, then times `repeats` rounds of alternating runs."""
+    results, runners = [], []
+    for system in systems:
+        result = Result(system.name, system.baseline, dict(system.info))
+        results.append(result)
+        gc.collect()
+        rss_before = current_rss_mb()
+        reset_peak_rss()
+        start = time.perf_counter()
+        log(f"[setup] {system.name} ...")
+        try:
+            runner = system.setup()
+        except Skip as skip:
+            result.skipped = str(skip)
+            log(f"[skip] {system.name}: {skip}")
+            runners.append(None)
+            continue
+        result.setup_seconds = time.perf_counter() - start
+        result.info = dict(system.info)  # setup may have added details (e.g. a conversion check)
+        result.setup_rss_mb = current_rss_mb() - rss_before
+        result.peak_rss_mb = window_peak_rss_mb()
+        log(f"[setup] {system.name}: {result.setup_seconds:.1f} s, +{result.setup_rss_mb:.0f} MiB resident")
+        runners.append(runner)
+
+    for round_index in range(repeats):
+        for result, runner in zip(results, runners):
+            if runner is None:
+                continue
+            gc.collect()
+            reset_peak_rss()
+            start = time.perf_counter()
+            amounts = runner()
+            seconds = time.perf_counter() - start
+            result.seconds.append(seconds)
+            result.amounts.append(dict(amounts))
+            result.peak_rss_mb = max(result.peak_rss_mb, window_peak_rss_mb())
+            rate = ", ".join(f"{v / seconds:,.1f} {k}/s" for k, v in amounts.items())
+            log(f"[run {round_index + 1}/{repeats}] {result.name}: {seconds:.2f} s, {rate}")
+    return results
+
+
+def median(values):
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+# Reporting ---------------------------------------------------------------------------
+
+
+def ratio_to_baseline(results: List[Result], unit: str):
+    """`{name: median rate / median rate of its baseline}` (NaN if the baseline did not run)."""
+    by_name = {r.name: r for r in results}
+    ratios = {}
+    for r in results:
+        base = by_name.get(r.baseline or r.name)
+        if r.skipped or base is None or base.skipped:
+            ratios[r.name] = float("nan")
+        else:
+            ratios[r.name] = r.median_rate(unit) / base.median_rate(unit)
+    return ratios
+
+
+def fmt(value, spec=",.0f"):
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    return format(value, spec)
+
+
+def markdown_table(headers, rows):
+    """A GitHub Markdown table; numbers already formatted as strings."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(str(cell) for cell in row) + " |")
+    return "\n".join(lines)
+
+
+def results_payload(results: List[Result], units: List[str]):
+    payload = []
+    ratios = {unit: ratio_to_baseline(results, unit) for unit in units}
+    for r in results:
+        entry = dataclasses.asdict(r)
+        entry["median"] = {unit: r.median_rate(unit) for unit in units}
+        entry["ratio_to_baseline"] = {unit: ratios[unit][r.name] for unit in units}
+        payload.append(entry)
+    return payload
+
+
+def write_json(path, payload):
+    if not path:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+    log(f"wrote {path}")
+
+
+def plot_bars(path, results: List[Result], unit, title):
+    """Horizontal bar chart of median rates with min–max whiskers (needs matplotlib)."""
+    if not path:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no plot")
+        return
+    ran = [r for r in results if not r.skipped and r.seconds]
+    if not ran:
+        return
+    names = [r.name for r in ran]
+    medians = [r.median_rate(unit) for r in ran]
+    lows = [m - min(r.rates(unit)) for m, r in zip(medians, ran)]
+    highs = [max(r.rates(unit)) - m for m, r in zip(medians, ran)]
+    colors = ["tab:blue" if r.name.startswith("ours") else "tab:gray" for r in ran]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(ran) + 1.5))
+    ax.barh(names, medians, xerr=[lows, highs], color=colors, capsize=3)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{unit}/s (median, whiskers: min–max)")
+    ax.set_title(title)
+    for y, m in enumerate(medians):
+        ax.text(m, y, f" {m:,.0f}", va="center")
+    fig.tight_layout()
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    log(f"wrote {path}")
+
+
+def select(systems: List[System], only: Optional[str]):
+    """Keeps the systems whose name starts with one of the comma-separated prefixes in `only`."""
+    if not only:
+        return systems
+    prefixes = [p.strip() for p in only.split(",") if p.strip()]
+    kept = [s for s in systems if any(s.name.startswith(p) for p in prefixes)]
+    if not kept:
+        names = ", ".join(s.name for s in systems)
+        raise SystemExit(f"--only {only!r} matches none of: {names}")
+    return kept

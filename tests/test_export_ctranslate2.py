@@ -1,0 +1,148 @@
+"""CTranslate2 export: the converted model computes what ours computes.
+
+Skipped when ctranslate2 is not installed (it is in `.[bench]`, not `.[test]`).
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from keras_transformer import Transformer, TransformerConfig  # noqa: E402
+from keras_transformer.decoding import beam_search, greedy_search  # noqa: E402
+from keras_transformer.export_ctranslate2 import (  # noqa: E402
+    default_vocabulary,
+    export_ctranslate2,
+    transformer_spec,
+)
+
+VOCAB = 120
+BOS, EOS = 2, 3
+
+CONFIGS = {
+    # The paper's model: post-LN, sinusoids, one shared embedding matrix, no attention biases.
+    "paper": dict(),
+    # Every other supported variant at once.
+    "variants": dict(
+        norm_first=True,
+        positional_encoding="learned",
+        max_length=64,
+        share_embeddings=False,
+        use_bias=True,
+        activation="gelu",
+    ),
+}
+
+
+def _model(**overrides):
+    model = Transformer(TransformerConfig.tiny(VOCAB, **overrides))
+    model.build()
+    return model
+
+
+def _sentences(seed, lengths):
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(4, VOCAB, size=n)] for n in lengths]
+
+
+def _padded(sentences):
+    width = max(len(s) for s in sentences)
+    return np.array([s + [0] * (width - len(s)) for s in sentences], np.int32)
+
+
+def _strip(ids):
+    """Our output row -> tokens as CTranslate2 returns them (no end token, no padding)."""
+    ids = [int(i) for i in ids if i != 0]
+    return ids[: ids.index(EOS)] if EOS in ids else ids
+
+
+@pytest.fixture(params=sorted(CONFIGS))
+def exported(request, tmp_path):
+    model = _model(**CONFIGS[request.param])
+    path = export_ctranslate2(model, str(tmp_path / "ct2"), add_source_eos=False)
+    translator = ctranslate2.Translator(path, device="cpu", intra_threads=1)
+    return model, translator, default_vocabulary(VOCAB)
+
+
+def test_teacher_forced_log_probs_match(exported):
+    model, translator, vocab = exported
+    sources = _sentences(0, [5, 9, 7])
+    targets = _sentences(1, [4, 6, 3])
+    results = translator.score_batch(
+        [[vocab[i] for i in s] for s in sources], [[vocab[i] for i in t] for t in targets]
+    )
+    for source, target, result in zip(sources, targets, results):
+        logits = model((np.array([source]), np.array([[BOS] + target])), training=False)
+        log_probs = tf.nn.log_softmax(logits[0]).numpy()
+        ours = [log_probs[j, token] for j, token in enumerate(target + [EOS])]
+        assert result.tokens == [vocab[i] for i in target] + ["</s>"]
+        np.testing.assert_allclose(result.log_probs, ours, atol=1e-4)
+
+
+def test_greedy_outputs_match(exported):
+    model, translator, vocab = exported
+    sources = _sentences(2, [6, 10, 3, 8])
+    # CTranslate2's min_decoding_length defaults to 1 (no empty output); ours to 0.
+    ours, _ = greedy_search(model, _padded(sources), max_length=12, min_length=1)
+    # Our search never generates the pad id; tell CTranslate2 the same.
+    theirs = translator.translate_batch(
+        [[vocab[i] for i in s] for s in sources], beam_size=1, max_decoding_length=12,
+        suppress_sequences=[["<pad>"]],
+    )
+    for row, result in zip(ours.numpy(), theirs):
+        assert [vocab[i] for i in _strip(row)] == result.hypotheses[0]
+
+
+def test_beam_outputs_match_at_fixed_length(exported):
+    # With min = max length every hypothesis has the same length, so the two
+    # length penalties (GNMT's and CTranslate2's) rank alike.
+    model, translator, vocab = exported
+    sources = _sentences(3, [7, 4, 9])
+    ours, _ = beam_search(model, _padded(sources), beam_size=4, alpha=0.6, max_length=8, min_length=8)
+    theirs = translator.translate_batch(
+        [[vocab[i] for i in s] for s in sources], beam_size=4, min_decoding_length=8,
+        max_decoding_length=8, suppress_sequences=[["<pad>"]],
+    )
+    for row, result in zip(ours.numpy(), theirs):
+        assert len(result.hypotheses[0]) == 8
+        assert [vocab[i] for i in _strip(row)] == result.hypotheses[0]
+
+
+def test_int8_export_and_config(tmp_path):
+    model = _model()
+    path = export_ctranslate2(model, str(tmp_path / "int8"), quantization="int8")
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    assert config["add_source_eos"] is True  # as keras_transformer.data does
+    assert config["decoder_start_token"] == "<s>" and config["eos_token"] == "</s>"
+    assert os.path.exists(os.path.join(path, "shared_vocabulary.json")) or os.path.exists(
+        os.path.join(path, "source_vocabulary.json")
+    )
+    translator = ctranslate2.Translator(path, device="cpu", compute_type="int8", intra_threads=1)
+    vocab = default_vocabulary(VOCAB)
+    result = translator.translate_batch(
+        [[vocab[i] for i in s] for s in _sentences(4, [5, 8])], beam_size=4,
+        min_decoding_length=6, max_decoding_length=6,
+    )
+    assert [len(r.hypotheses[0]) for r in result] == [6, 6]
+
+
+def test_vocabulary_is_checked():
+    model = _model()
+    with pytest.raises(ValueError, match="vocab_size"):
+        transformer_spec(model, vocabulary=["a", "b"])
+    with pytest.raises(ValueError, match="duplicate"):
+        transformer_spec(model, vocabulary=["x"] * VOCAB)
+    custom = ["<pad>", "<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(4, VOCAB)]
+    spec = transformer_spec(model, vocabulary=custom)
+    assert spec.config.bos_token == "<s>" and spec.config.unk_token == "<unk>"
+
+
+def test_unsupported_activation_is_rejected():
+    model = _model(activation="softplus")
+    with pytest.raises(ValueError, match="activation"):
+        transformer_spec(model)
