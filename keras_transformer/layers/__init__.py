@@ -5,11 +5,13 @@
 - `embedding`: SharedEmbedding (§3.4)
 - `positional_encoding`: PositionalEncoding, LearnedPositionalEmbedding (§3.5)
 - `sublayer`: SublayerConnection, the residual + LayerNorm of §3.1 / §5.4
+- `base`: TransformerLayer, TransformerStack, what encoder and decoder share
 - `encoder`: EncoderLayer, Encoder (§3.1)
 - `decoder`: DecoderLayer, Decoder (§3.1)
 """
 
 from keras_transformer.layers.attention import MultiHeadAttention, causal_mask
+from keras_transformer.layers.base import TransformerLayer, TransformerStack
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
 from keras_transformer.layers.embedding import SharedEmbedding
 from keras_transformer.layers.encoder import Encoder, EncoderLayer
@@ -32,6 +34,8 @@ __all__ = [
     "PositionalEncoding",
     "SharedEmbedding",
     "SublayerConnection",
+    "TransformerLayer",
+    "TransformerStack",
     "causal_mask",
     "sinusoidal_encoding",
 ]

@@ -9,14 +9,12 @@ decoder stack to prevent positions from attending to subsequent positions."
 import keras
 from keras import ops
 
-from keras_transformer.layers.attention import MultiHeadAttention, causal_mask
-from keras_transformer.layers.encoder import resolve_head_dims
-from keras_transformer.layers.feed_forward import FeedForward
-from keras_transformer.layers.sublayer import SublayerConnection
+from keras_transformer.layers.attention import causal_mask
+from keras_transformer.layers.base import TransformerLayer, TransformerStack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class DecoderLayer(keras.layers.Layer):
+class DecoderLayer(TransformerLayer):
     """One decoder layer: masked self-attention, encoder-decoder attention, feed-forward (§3.1).
 
     Args: as `EncoderLayer`.
@@ -50,67 +48,19 @@ class DecoderLayer(keras.layers.Layer):
     (2, 5, 512)
     """
 
-    def __init__(
-        self,
-        num_heads,
-        d_ff,
-        key_dim=None,
-        value_dim=None,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        use_bias=False,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.key_dim = key_dim
-        self.value_dim = value_dim
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.activation = keras.activations.get(activation)
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.use_bias = use_bias
-
-    def make_feed_forward(self):
-        """The feed-forward sublayer; override to change it."""
-        return FeedForward(self.d_ff, activation=self.activation, dtype=self.dtype_policy, name="feed_forward")
-
-    def _connection(self, name):
-        return SublayerConnection(
-            self.dropout, self.norm_first, self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
-        )
-
-    def _attention(self, name, key_dim, value_dim):
-        return MultiHeadAttention(
-            self.num_heads,
-            key_dim,
-            value_dim,
-            dropout=self.attention_dropout,
-            use_bias=self.use_bias,
-            dtype=self.dtype_policy,
-            name=name,
-        )
-
     def build(self, inputs_shape, memory_shape=None):
         d_model = inputs_shape[-1]
-        memory_shape = memory_shape or inputs_shape
-        key_dim, value_dim = resolve_head_dims(d_model, self.num_heads, self.key_dim, self.value_dim, self.name)
-        self.self_attention = self._attention("self_attention", key_dim, value_dim)
+        self.self_attention = self.make_attention("self_attention", d_model)
         self.self_attention.build(inputs_shape)
-        self.self_attention_connection = self._connection("self_attention_connection")
+        self.self_attention_connection = self.make_connection("self_attention_connection")
         self.self_attention_connection.build(inputs_shape)
-        self.cross_attention = self._attention("cross_attention", key_dim, value_dim)
-        self.cross_attention.build(inputs_shape, memory_shape)
-        self.cross_attention_connection = self._connection("cross_attention_connection")
+        self.cross_attention = self.make_attention("cross_attention", d_model)
+        self.cross_attention.build(inputs_shape, memory_shape or inputs_shape)
+        self.cross_attention_connection = self.make_connection("cross_attention_connection")
         self.cross_attention_connection.build(inputs_shape)
         self.feed_forward = self.make_feed_forward()
         self.feed_forward.build(inputs_shape)
-        self.feed_forward_connection = self._connection("feed_forward_connection")
+        self.feed_forward_connection = self.make_connection("feed_forward_connection")
         self.feed_forward_connection.build(inputs_shape)
         self.built = True
 
@@ -177,27 +127,9 @@ class DecoderLayer(keras.layers.Layer):
     def compute_output_shape(self, inputs_shape, memory_shape=None):
         return inputs_shape
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "activation": keras.activations.serialize(self.activation),
-                "norm_first": self.norm_first,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "use_bias": self.use_bias,
-            }
-        )
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Decoder(keras.layers.Layer):
+class Decoder(TransformerStack):
     """A stack of `num_layers` DecoderLayers (§3.1), with a final LayerNorm for pre-LN.
 
     Masks are built here once per call and shared by all layers: the
@@ -230,50 +162,10 @@ class Decoder(keras.layers.Layer):
     (2, 5, 512)
     """
 
-    def __init__(
-        self,
-        num_layers,
-        num_heads,
-        d_ff,
-        key_dim=None,
-        value_dim=None,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        use_bias=False,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if num_layers <= 0:
-            raise ValueError(f"{self.name}: num_layers must be positive, got {num_layers}.")
-        self.num_layers = num_layers
-        self.layer_kwargs = dict(
-            num_heads=num_heads,
-            d_ff=d_ff,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation=activation,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            use_bias=use_bias,
-        )
+    layer_class = DecoderLayer
 
     def build(self, inputs_shape, memory_shape=None):
-        self.decoder_layers = []
-        for i in range(self.num_layers):
-            layer = DecoderLayer(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
-            layer.build(inputs_shape, memory_shape)
-            self.decoder_layers.append(layer)
-        self.final_norm = None
-        if self.layer_kwargs["norm_first"]:
-            self.final_norm = keras.layers.LayerNormalization(
-                epsilon=self.layer_kwargs["layer_norm_epsilon"], dtype=self.dtype_policy, name="final_norm"
-            )
-            self.final_norm.build(inputs_shape)
+        self.decoder_layers = self.build_layers(inputs_shape, memory_shape)
         self.built = True
 
     def init_cache(self, memory, max_length):
@@ -345,9 +237,3 @@ class Decoder(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape, memory_shape=None):
         return inputs_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"num_layers": self.num_layers, **self.layer_kwargs})
-        config["activation"] = keras.activations.serialize(keras.activations.get(config["activation"]))
-        return config

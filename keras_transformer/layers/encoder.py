@@ -9,24 +9,11 @@ sub-layers, followed by layer normalization."
 import keras
 from keras import ops
 
-from keras_transformer.layers.attention import MultiHeadAttention
-from keras_transformer.layers.feed_forward import FeedForward
-from keras_transformer.layers.sublayer import SublayerConnection
-
-
-def resolve_head_dims(d_model, num_heads, key_dim, value_dim, where):
-    """Default d_k = d_v = d_model / h (§3.2.2), with a clear error when it does not divide."""
-    if key_dim is None:
-        if d_model % num_heads:
-            raise ValueError(
-                f"{where}: d_model={d_model} is not divisible by num_heads={num_heads}; pass key_dim."
-            )
-        key_dim = d_model // num_heads
-    return key_dim, value_dim or key_dim
+from keras_transformer.layers.base import TransformerLayer, TransformerStack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class EncoderLayer(keras.layers.Layer):
+class EncoderLayer(TransformerLayer):
     """One encoder layer: self-attention, then feed-forward, each in a residual connection (§3.1).
 
     Subclass it and override `make_feed_forward` (or pass `activation`) to
@@ -60,60 +47,14 @@ class EncoderLayer(keras.layers.Layer):
     (2, 9, 512)
     """
 
-    def __init__(
-        self,
-        num_heads,
-        d_ff,
-        key_dim=None,
-        value_dim=None,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        use_bias=False,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.key_dim = key_dim
-        self.value_dim = value_dim
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.activation = keras.activations.get(activation)
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.use_bias = use_bias
-        self.supports_masking = True
-
-    def make_feed_forward(self):
-        """The feed-forward sublayer; override to change it."""
-        return FeedForward(self.d_ff, activation=self.activation, dtype=self.dtype_policy, name="feed_forward")
-
-    def _connection(self, name):
-        return SublayerConnection(
-            self.dropout, self.norm_first, self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
-        )
-
     def build(self, input_shape):
-        d_model = input_shape[-1]
-        key_dim, value_dim = resolve_head_dims(d_model, self.num_heads, self.key_dim, self.value_dim, self.name)
-        self.self_attention = MultiHeadAttention(
-            self.num_heads,
-            key_dim,
-            value_dim,
-            dropout=self.attention_dropout,
-            use_bias=self.use_bias,
-            dtype=self.dtype_policy,
-            name="self_attention",
-        )
+        self.self_attention = self.make_attention("self_attention", input_shape[-1])
         self.self_attention.build(input_shape)
-        self.self_attention_connection = self._connection("self_attention_connection")
+        self.self_attention_connection = self.make_connection("self_attention_connection")
         self.self_attention_connection.build(input_shape)
         self.feed_forward = self.make_feed_forward()
         self.feed_forward.build(input_shape)
-        self.feed_forward_connection = self._connection("feed_forward_connection")
+        self.feed_forward_connection = self.make_connection("feed_forward_connection")
         self.feed_forward_connection.build(input_shape)
         self.built = True
 
@@ -138,27 +79,9 @@ class EncoderLayer(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "activation": keras.activations.serialize(self.activation),
-                "norm_first": self.norm_first,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "use_bias": self.use_bias,
-            }
-        )
-        return config
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Encoder(keras.layers.Layer):
+class Encoder(TransformerStack):
     """A stack of `num_layers` EncoderLayers (§3.1), with a final LayerNorm for pre-LN.
 
     It reads embeddings (add positions yourself, e.g. with
@@ -188,51 +111,14 @@ class Encoder(keras.layers.Layer):
     (2, 9, 512)
     """
 
-    def __init__(
-        self,
-        num_layers,
-        num_heads,
-        d_ff,
-        key_dim=None,
-        value_dim=None,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        use_bias=False,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if num_layers <= 0:
-            raise ValueError(f"{self.name}: num_layers must be positive, got {num_layers}.")
-        self.num_layers = num_layers
-        self.layer_kwargs = dict(
-            num_heads=num_heads,
-            d_ff=d_ff,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation=activation,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            use_bias=use_bias,
-        )
+    layer_class = EncoderLayer
+
+    def __init__(self, num_layers, num_heads, d_ff, **kwargs):
+        super().__init__(num_layers, num_heads, d_ff, **kwargs)
         self.supports_masking = True
 
     def build(self, input_shape):
-        self.encoder_layers = []
-        for i in range(self.num_layers):
-            layer = EncoderLayer(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
-            layer.build(input_shape)
-            self.encoder_layers.append(layer)
-        self.final_norm = None
-        if self.layer_kwargs["norm_first"]:
-            self.final_norm = keras.layers.LayerNormalization(
-                epsilon=self.layer_kwargs["layer_norm_epsilon"], dtype=self.dtype_policy, name="final_norm"
-            )
-            self.final_norm.build(input_shape)
+        self.encoder_layers = self.build_layers(input_shape)
         self.built = True
 
     def call(self, inputs, padding_mask=None, mask=None, training=None, return_attention_scores=False):
@@ -255,9 +141,3 @@ class Encoder(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"num_layers": self.num_layers, **self.layer_kwargs})
-        config["activation"] = keras.activations.serialize(keras.activations.get(config["activation"]))
-        return config

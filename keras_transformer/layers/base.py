@@ -1,0 +1,174 @@
+"""What an encoder layer and a decoder layer have in common (Vaswani et al., 2017, §3.1).
+
+Both are built from the same parts: multi-head attention (§3.2), the
+position-wise feed-forward network (§3.3) and the residual connection with
+dropout and layer normalization around each (§3.1, §5.4). `TransformerLayer`
+holds their shared hyperparameters and makes those parts; `TransformerStack`
+holds the hyperparameters of a stack of N such layers.
+"""
+
+import keras
+
+from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.sublayer import SublayerConnection
+
+
+def resolve_head_dims(d_model, num_heads, key_dim, value_dim, where):
+    """Default d_k = d_v = d_model / h (§3.2.2), with a clear error when it does not divide."""
+    if key_dim is None:
+        if d_model % num_heads:
+            raise ValueError(
+                f"{where}: d_model={d_model} is not divisible by num_heads={num_heads}; pass key_dim."
+            )
+        key_dim = d_model // num_heads
+    return key_dim, value_dim or key_dim
+
+
+class TransformerLayer(keras.layers.Layer):
+    """Base of `EncoderLayer` and `DecoderLayer`: shared hyperparameters and sublayer factories.
+
+    Args:
+        num_heads: h.
+        d_ff: inner width of the feed-forward network.
+        key_dim: d_k; default d_model // num_heads.
+        value_dim: d_v; default key_dim.
+        dropout: residual dropout P_drop (§5.4).
+        attention_dropout: dropout on attention weights (0 in the paper).
+        activation: feed-forward activation ("relu", §3.3).
+        norm_first: pre-LN instead of the paper's post-LN.
+        layer_norm_epsilon: LayerNorm epsilon.
+        use_bias: biases in the attention projections.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        d_ff,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        use_bias=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.d_ff = d_ff
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation = keras.activations.get(activation)
+        self.norm_first = norm_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.use_bias = use_bias
+        self.supports_masking = True
+
+    def make_feed_forward(self):
+        """The feed-forward sublayer; override to change it."""
+        return FeedForward(self.d_ff, activation=self.activation, dtype=self.dtype_policy, name="feed_forward")
+
+    def make_attention(self, name, d_model):
+        """A multi-head attention sublayer for inputs of width `d_model`."""
+        key_dim, value_dim = resolve_head_dims(d_model, self.num_heads, self.key_dim, self.value_dim, self.name)
+        return MultiHeadAttention(
+            self.num_heads,
+            key_dim,
+            value_dim,
+            dropout=self.attention_dropout,
+            use_bias=self.use_bias,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def make_connection(self, name):
+        """The residual connection (dropout, add, LayerNorm) around one sublayer."""
+        return SublayerConnection(
+            self.dropout, self.norm_first, self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "d_ff": self.d_ff,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "activation": keras.activations.serialize(self.activation),
+                "norm_first": self.norm_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "use_bias": self.use_bias,
+            }
+        )
+        return config
+
+
+class TransformerStack(keras.layers.Layer):
+    """Base of `Encoder` and `Decoder`: N layers of `layer_class`, a final LayerNorm for pre-LN.
+
+    Args:
+        num_layers: N.
+        **layer_kwargs: the `TransformerLayer` arguments, passed to every layer.
+    """
+
+    layer_class = None  # set by subclasses
+
+    def __init__(
+        self,
+        num_layers,
+        num_heads,
+        d_ff,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation="relu",
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        use_bias=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_layers <= 0:
+            raise ValueError(f"{self.name}: num_layers must be positive, got {num_layers}.")
+        self.num_layers = num_layers
+        self.layer_kwargs = dict(
+            num_heads=num_heads,
+            d_ff=d_ff,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation=activation,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            use_bias=use_bias,
+        )
+
+    def build_layers(self, *shapes):
+        """Creates and builds the N layers (and the final pre-LN norm) for these input shapes."""
+        layers = []
+        for i in range(self.num_layers):
+            layer = self.layer_class(**self.layer_kwargs, dtype=self.dtype_policy, name=f"layer_{i}")
+            layer.build(*shapes)
+            layers.append(layer)
+        self.final_norm = None
+        if self.layer_kwargs["norm_first"]:
+            self.final_norm = keras.layers.LayerNormalization(
+                epsilon=self.layer_kwargs["layer_norm_epsilon"], dtype=self.dtype_policy, name="final_norm"
+            )
+            self.final_norm.build(shapes[0])
+        return layers
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_layers": self.num_layers, **self.layer_kwargs})
+        config["activation"] = keras.activations.serialize(keras.activations.get(config["activation"]))
+        return config
