@@ -30,6 +30,8 @@ the rows show `ru_maxrss` after the system's runs instead.
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import gc
 import json
@@ -334,3 +336,16 @@ def select(systems: List[System], only: Optional[str]):
         names = ", ".join(s.name for s in systems)
         raise SystemExit(f"--only {only!r} matches none of: {names}")
     return kept
+
+
+@contextlib.contextmanager
+def policy_scope(policy):
+    """Sets the Keras global dtype policy inside the block, restoring the previous one after."""
+    import keras
+
+    previous = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)

@@ -45,7 +45,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import sys
@@ -91,18 +90,6 @@ def distinct_shapes(batches):
     return list(seen.values())
 
 
-@contextlib.contextmanager
-def policy_scope(policy):
-    import keras
-
-    previous = keras.mixed_precision.global_policy().name
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
 # Ours --------------------------------------------------------------------------------
 
 
@@ -122,7 +109,7 @@ class OurModels:
             if policy != "float32":
                 source = self.get("float32")
             keras.utils.set_random_seed(0)
-            with policy_scope(policy):
+            with common.policy_scope(policy):
                 model = Transformer(TransformerConfig.small(self.args.vocab_size))
                 model.build()
             if policy != "float32":
@@ -135,7 +122,7 @@ def ours_system(args, models, batches, policy, jit, name, baseline):
     def setup():
         from keras_transformer.decoding import make_decode_fn
 
-        with policy_scope(policy):
+        with common.policy_scope(policy):
             model = models.get(policy)
             decode = make_decode_fn(model, "beam", jit_compile=jit, beam_size=args.beam_size, alpha=0.6,
                                     max_length=args.output_length, min_length=args.output_length)
@@ -144,7 +131,7 @@ def ours_system(args, models, batches, policy, jit, name, baseline):
 
         def run():
             tokens = sentences = 0
-            with policy_scope(policy):
+            with common.policy_scope(policy):
                 for batch in batches:
                     token_ids, _ = decode(batch)
                     tokens += int(np.count_nonzero(token_ids.numpy()))
@@ -239,7 +226,7 @@ def keras_hub_system(args, batches, jit, name, baseline):
         from train_throughput import SHAPES, KerasHubSeq2Seq
 
         keras.utils.set_random_seed(0)
-        with policy_scope("float32"):
+        with common.policy_scope("float32"):
             model = KerasHubSeq2Seq.build(args.vocab_size, 256, dropout=0.1, **SHAPES["small"])
             model((np.ones((1, 4), np.int32), np.ones((1, 3), np.int32)))
             generate = keras_hub_generate_fn(model, args.beam_size, args.output_length, jit)

@@ -60,7 +60,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import math
 import os
@@ -118,18 +117,6 @@ def train_flops_per_target_token(num_layers, d_model, d_ff, vocab_size, source_l
     return 3.0 * (encoder + decoder + output) / t
 
 
-@contextlib.contextmanager
-def policy_scope(policy):
-    import keras
-
-    previous = keras.mixed_precision.global_policy().name
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
 def keras_dataset(batches):
     import tensorflow as tf
 
@@ -154,7 +141,7 @@ def keras_runner(model, batches, steps, policy):
     amount = tokens_in(batches, steps)
 
     def run():
-        with policy_scope(policy):
+        with common.policy_scope(policy):
             keras_fit(model, dataset, steps)
         return {"tokens": amount}
 
@@ -170,7 +157,7 @@ def ours_system(args, precision, batches):
     def setup():
         from keras_transformer import Transformer, TransformerConfig
 
-        with policy_scope(policy):
+        with common.policy_scope(policy):
             config = TransformerConfig.from_preset(args.shape, args.vocab_size, dropout=args.dropout)
             model = Transformer(config)
             model.compile()
@@ -249,7 +236,7 @@ def keras_hub_system(args, precision, batches):
         from keras_transformer import create_optimizer
 
         shape = SHAPES[args.shape]
-        with policy_scope(policy):
+        with common.policy_scope(policy):
             model = KerasHubSeq2Seq.build(args.vocab_size, 256, dropout=args.dropout, **shape)
             model.compile(
                 optimizer=create_optimizer(shape["d_model"]),
@@ -397,7 +384,7 @@ def profile_ours(args, batches):
 
     precision = args.profile_precision
     policy = POLICIES[precision]
-    with policy_scope(policy):
+    with common.policy_scope(policy):
         model = Transformer(TransformerConfig.from_preset(args.shape, args.vocab_size, dropout=args.dropout))
         model.compile()
         dataset = keras_dataset(batches)
