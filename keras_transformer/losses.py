@@ -25,6 +25,13 @@ PAD_ID = 0
 
 def _smoothed_token_loss(logits, labels, epsilon):
     """Per-token loss `[...]` of float32 `logits [..., V]` and int `labels [...]`."""
+    if keras.backend.backend() == "tensorflow":
+        return _smoothed_token_loss_tf(logits, labels, epsilon)
+    return _smoothed_token_loss_generic(logits, labels, epsilon)
+
+
+def _smoothed_token_loss_generic(logits, labels, epsilon):
+    """`keras.ops` version, any backend: closed-form gradient `softmax(z) - q`."""
     vocab_size = logits.shape[-1]
 
     @ops.custom_gradient
@@ -42,6 +49,40 @@ def _smoothed_token_loss(logits, labels, epsilon):
         return loss, grad
 
     return loss_fn(logits)
+
+
+def _smoothed_token_loss_tf(logits, labels, epsilon):
+    """The same with TensorFlow's fused softmax cross-entropy kernel (the costliest op after the matmuls).
+
+    `SparseSoftmaxCrossEntropyWithLogits` returns the unsmoothed loss
+    `logsumexp(z) - z_y` and its gradient `softmax(z) - onehot(y)` in one pass.
+    Smoothing adds `epsilon * (z_y - mean(z))` to the loss and
+    `epsilon * (onehot(y) - 1/V)` to the gradient: a scalar shift of every
+    entry and a scatter of one entry per token, no dense one-hot.
+    """
+    import tensorflow as tf
+
+    vocab_size = logits.shape[-1]
+    shape = tf.shape(labels)
+    flat_logits = tf.reshape(logits, [-1, vocab_size])  # [N, V]
+    flat_labels = tf.reshape(labels, [-1])  # [N]
+    rows = tf.stack([tf.range(tf.shape(flat_labels)[0]), flat_labels], axis=1)  # [N, 2]
+
+    @tf.custom_gradient
+    def loss_fn(z):
+        loss, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=z, labels=flat_labels)
+        if epsilon:
+            loss += epsilon * (tf.gather_nd(z, rows) - tf.reduce_mean(z, axis=-1))
+
+        def grad(upstream):  # upstream [N]
+            gradient = upstream[:, None] * (backprop - epsilon / vocab_size if epsilon else backprop)
+            if epsilon:
+                gradient = tf.tensor_scatter_nd_add(gradient, rows, epsilon * upstream)
+            return gradient
+
+        return loss, grad
+
+    return tf.reshape(loss_fn(flat_logits), shape)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

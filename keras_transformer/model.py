@@ -162,7 +162,8 @@ class Transformer(keras.Model):
         """Cache for decoding up to `max_length` steps against `memory` (see `Decoder.init_cache`)."""
         return self.decoder.init_cache(memory, max_length)
 
-    def decode_step(self, target_ids, memory, source_ids, cache, cache_index):
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
+                    self_attention_mask=None):
         """Decodes the steps `cache_index .. cache_index + T - 1` given the cache of earlier steps.
 
         Args:
@@ -170,20 +171,28 @@ class Transformer(keras.Model):
             memory: encoder output `[B, S, d_model]`.
             source_ids: `[B, S]`, for the source padding mask.
             cache: from `init_cache` or the previous step.
-            cache_index: int scalar, position of `target_ids[:, 0]`.
+            cache_index: int scalar, cache slot of `target_ids[:, 0]`; the T
+                inputs fill slots `cache_index .. cache_index + T - 1`.
+            positions: int `[T]`, the inputs' positions in the output sequence
+                (§3.5); default the cache slots. Beam search feeds the K
+                hypotheses of step i side by side (T = K, all at position i).
+            self_attention_mask: bool `[B, T, max_length]`, the cache slots
+                each input may attend to; default the look-ahead mask (§3.2.3)
+                from `cache_index`.
 
         Returns:
             `(logits [B, T, vocab_size], new_cache)`; the logits equal those of
             the full forward pass at the same positions.
         """
         y = self.target_embedding(target_ids)
-        y = self.target_positions(y, start_index=cache_index)
+        y = self.target_positions(y, start_index=cache_index, positions=positions)
         y, cache = self.decoder(
             y,
             memory,
             memory_padding_mask=ops.not_equal(source_ids, PAD_ID),
             cache=cache,
             cache_index=cache_index,
+            self_attention_mask=self_attention_mask,
             training=False,
         )
         return self._logits(y), cache

@@ -250,9 +250,12 @@ class ScriptedModel:
         batch = tf.shape(memory)[0]
         return {"self": [(tf.zeros([batch, 1, max_length, 2]),) * 2], "cross": [(memory, memory)]}
 
-    def decode_step(self, target_ids, memory, source_ids, cache, cache_index):
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
+                    self_attention_mask=None):
         self.steps.assign_add(1)
-        steps = cache_index + tf.zeros_like(target_ids)
+        if positions is None:
+            positions = cache_index + tf.range(tf.shape(target_ids)[1])
+        steps = positions + tf.zeros_like(target_ids)
         return tf.gather_nd(self.table, tf.stack([target_ids, steps], -1)), cache
 
     def decode(self, target_ids, memory, source_ids, training=None):

@@ -116,6 +116,26 @@ def test_label_smoothed_gradient_is_softmax_minus_target():
     assert np.all(grad[0, 2] == 0)
 
 
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_fused_tensorflow_loss_equals_the_generic_one(epsilon):
+    """The TF path (fused softmax cross-entropy kernel) and the keras.ops path agree, value and gradient."""
+    from keras_transformer import losses
+
+    rng = np.random.default_rng(2)
+    logits = tf.constant(rng.normal(size=(2, 3, 7)).astype("float32") * 3)
+    labels = tf.constant([[1, 6, 0], [2, 2, 5]])
+    upstream = tf.constant(rng.normal(size=(2, 3)).astype("float32"))
+    results = []
+    for fn in (losses._smoothed_token_loss_tf, losses._smoothed_token_loss_generic):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            value = fn(logits, labels, epsilon)
+            weighted = tf.reduce_sum(value * upstream)
+        results.append((value.numpy(), tape.gradient(weighted, logits).numpy()))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(results[0][1], results[1][1], atol=1e-6)
+
+
 def test_masked_accuracy_counts_only_real_tokens():
     metric = MaskedAccuracy()
     logits = np.zeros((1, 4, 5), "float32")

@@ -151,6 +151,10 @@ class Decoder(TransformerStack):
         padding_mask: bool `[B, T]`, True at real target tokens (optional:
             causality alone keeps real positions away from trailing padding).
         cache, cache_index: see above.
+        self_attention_mask: bool, broadcastable to `[B, T, S_max]`: with a
+            cache, which cache slots each input step may attend to, instead
+            of the look-ahead mask from `cache_index`. Beam search passes
+            each hypothesis's ancestry (see `keras_transformer.decoding`).
         training: enables dropout.
         return_attention_scores: also return
             `{"self": [per layer], "cross": [per layer]}` weights.
@@ -184,17 +188,22 @@ class Decoder(TransformerStack):
         padding_mask=None,
         cache=None,
         cache_index=None,
+        self_attention_mask=None,
         training=None,
         return_attention_scores=False,
     ):
+        if cache is not None and cache_index is None:
+            raise ValueError(f"{self.name}: decoding with a cache needs `cache_index`.")
         length = ops.shape(inputs)[1]
-        if cache is None:
+        if self_attention_mask is not None:
+            if cache is None:
+                raise ValueError(f"{self.name}: `self_attention_mask` is for decoding with a cache.")
+            self_mask = ops.cast(self_attention_mask, "bool")
+        elif cache is None:
             self_mask = causal_mask(length, length)
             if padding_mask is not None:
                 self_mask = ops.logical_and(self_mask, ops.cast(padding_mask, "bool")[:, None, :])
         else:
-            if cache_index is None:
-                raise ValueError(f"{self.name}: decoding with a cache needs `cache_index`.")
             max_length = ops.shape(cache["self"][0][0])[2]
             self_mask = causal_mask(length, max_length, offset=cache_index)
         memory_mask = None

@@ -38,9 +38,12 @@ class PositionalEncoding(keras.layers.Layer):
         inputs: `[B, T, d_model]` embeddings.
         start_index: position of the first step (int, possibly a tensor);
             incremental decoding passes the current step.
+        positions: int `[T]`, each step's own position, instead of
+            `start_index` (beam search feeds the K hypotheses of one step
+            side by side, all at the same position).
 
     Returns:
-        `inputs + PE[start_index : start_index + T]`.
+        `inputs + PE[start_index : start_index + T]` (or `inputs + PE[positions]`).
 
     Example:
     >>> PositionalEncoding()(ops.zeros((1, 3, 4)))[0]  # rows are PE(0), PE(1), PE(2)
@@ -50,9 +53,9 @@ class PositionalEncoding(keras.layers.Layer):
         super().__init__(**kwargs)
         self.supports_masking = True
 
-    def call(self, inputs, start_index=0):
-        length = ops.shape(inputs)[1]
-        positions = ops.arange(length) + start_index
+    def call(self, inputs, start_index=0, positions=None):
+        if positions is None:
+            positions = ops.arange(ops.shape(inputs)[1]) + start_index
         table = sinusoidal_encoding(positions, inputs.shape[-1], self.compute_dtype)
         return inputs + table[None, :, :]
 
@@ -71,6 +74,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: `[B, T, d_model]` embeddings.
         start_index: position of the first step.
+        positions: int `[T]`, each step's own position (see `PositionalEncoding`).
     """
 
     def __init__(self, max_length, initializer="glorot_uniform", **kwargs):
@@ -88,14 +92,15 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         )
         self.built = True
 
-    def call(self, inputs, start_index=0):
+    def call(self, inputs, start_index=0, positions=None):
         length = inputs.shape[1]
         if isinstance(length, int) and isinstance(start_index, int) and start_index + length > self.max_length:
             raise ValueError(
                 f"{self.name}: sequence of {start_index + length} positions is longer than "
                 f"max_length={self.max_length} of the learned position table."
             )
-        positions = ops.arange(ops.shape(inputs)[1]) + start_index
+        if positions is None:
+            positions = ops.arange(ops.shape(inputs)[1]) + start_index
         return inputs + ops.take(self.position_embeddings, positions, axis=0)[None, :, :]
 
     def compute_output_shape(self, input_shape):
