@@ -10,6 +10,7 @@ tokens/s (end token included), after one untimed warm-up pass per mode.
 Run:
     python benchmarks/decode_multi30k.py runs/multi30k_en_de
     python benchmarks/decode_multi30k.py RUN_DIR --sentences 256 --uncached-sentences 64 --modes cached,cached-xla
+    python benchmarks/decode_multi30k.py RUN_DIR --modes cached,cached-k_finished   # the two stopping rules
 """
 
 import argparse
@@ -29,6 +30,9 @@ from keras_transformer.translator import Translator  # noqa: E402
 MODES = {
     "cached": dict(use_cache=True, jit_compile=False),
     "cached-xla": dict(use_cache=True, jit_compile=True),
+    # fairseq's stopping rule: a sentence ends once K hypotheses have finished.
+    "cached-k_finished": dict(use_cache=True, jit_compile=False, early_stopping="k_finished"),
+    "cached-xla-k_finished": dict(use_cache=True, jit_compile=True, early_stopping="k_finished"),
     "uncached": dict(use_cache=False, jit_compile=False),
     "uncached-xla": dict(use_cache=False, jit_compile=True),
 }
@@ -42,7 +46,8 @@ def source_batches(translator, sentences, batch_size):
 def time_mode(model, batches, mode, beam_size, alpha):
     options = MODES[mode]
     decode = decoding.make_decode_fn(model, "beam", jit_compile=options["jit_compile"], beam_size=beam_size,
-                                     alpha=alpha, use_cache=options["use_cache"])
+                                     alpha=alpha, use_cache=options["use_cache"],
+                                     early_stopping=options.get("early_stopping", "exact"))
     for batch in batches:  # warm-up: traces (and compiles) every batch shape
         decode(batch)
     started = time.perf_counter()
@@ -64,7 +69,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default="cached,cached-xla,uncached,uncached-xla",
+                        help=f"comma-separated, of: {', '.join(MODES)}")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 

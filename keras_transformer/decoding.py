@@ -37,7 +37,8 @@ of their sentence (`[B, K]`, all at output position i): the K queries attend
 to the sentence's one copy of the source, and their self-attention
 keys/values fill K new slots of a preallocated `[B, N, L*K, H]` cache (slot
 `i*K + k` holds step i of the hypothesis that was k-th at step i). The cache
-is written in place and never reordered when beams change: each hypothesis
+is written by a scatter of the K new slots (in place under XLA) and never
+reordered when beams change: each hypothesis
 keeps its ancestry (`[B, K, L]`, the slot of each of its earlier steps), and
 a mask lets it see only those slots. `use_cache=False` is the slow reference
 that reruns `model.decode` over the whole prefix at every step.
@@ -59,6 +60,9 @@ DEFAULT_EOS_ID = 3
 
 # §6.1: maximum output length = input length + 50.
 EXTRA_OUTPUT_LENGTH = 50
+
+# When a sentence's search ends (see `beam_search`).
+EARLY_STOPPING = ("exact", "k_finished")
 
 # Log-probability of an impossible event. Finite, so sums and differences never
 # give NaN.
@@ -132,6 +136,7 @@ def beam_search(
     return_all=False,
     use_cache=True,
     max_extra_length=EXTRA_OUTPUT_LENGTH,
+    early_stopping="exact",
 ):
     """Beam search with the GNMT length penalty, as in §6.1 (K = 4, alpha = 0.6).
 
@@ -154,6 +159,11 @@ def beam_search(
        maximum length is an upper bound of what it can reach, since log P
        only decreases and lp only grows), or when it reaches its length
        limit. Done sentences are frozen; the loop stops when all are done.
+       With `early_stopping="k_finished"` a sentence is done as soon as it
+       has K finished hypotheses (fairseq's rule): faster, since with
+       alpha > 0 the exact bound can keep a sentence going long after its
+       best hypothesis ended, but a longer hypothesis that would have scored
+       better after more steps is no longer found.
 
     With `return_all=True` a sentence only stops once no alive hypothesis can
     beat the K-th finished one, so all K returned hypotheses are exact.
@@ -173,6 +183,9 @@ def beam_search(
         use_cache: False recomputes the whole prefix at every step (reference).
         max_extra_length: with `max_length=None`, each sentence's output may
             be this many tokens longer than its source (50 in §6.1).
+        early_stopping: "exact" (default: stop a sentence when no alive
+            hypothesis can beat its best finished one, as tensor2tensor does)
+            or "k_finished" (stop once K hypotheses have finished).
 
     Returns:
         `token_ids` int32 `[B, L]` (`[B, K, L]` with `return_all`): without the
@@ -185,7 +198,7 @@ def beam_search(
     """
     options = dict(beam_size=beam_size, alpha=alpha, max_length=max_length, min_length=min_length,
                    bos_id=bos_id, eos_id=eos_id, return_all=return_all, use_cache=use_cache,
-                   max_extra_length=max_extra_length)
+                   max_extra_length=max_extra_length, early_stopping=early_stopping)
     _check_options(**options)
     if tf.executing_eagerly():
         return _eager_call(model, "beam", source_ids, options)
@@ -264,7 +277,7 @@ def _greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_
 
 def _beam_search_graph(
     model, source_ids, beam_size, alpha, max_length, min_length, bos_id, eos_id, return_all, use_cache,
-    max_extra_length,
+    max_extra_length, early_stopping,
 ):
     """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first."""
     k = beam_size
@@ -320,10 +333,15 @@ def _beam_search_graph(
         alive_log_probs = tf.where(frozen, alive_log_probs, new_alive_log_probs)
         finished_ids = tf.where(frozen[..., None], finished_ids, new_finished_ids)
         finished_scores = tf.where(frozen, finished_scores, new_finished_scores)
-        # Alive hypotheses are sorted: the first one has the best log P.
-        best_alive_bound = alive_log_probs[:, 0] / max_penalty  # [B]
-        target = finished_scores[:, -1] if return_all else finished_scores[:, 0]  # [B]
-        done = done | (length >= limits) | (target >= best_alive_bound)
+        if early_stopping == "k_finished":
+            # The finished set is sorted: the K-th is real once K have finished.
+            cannot_improve = finished_scores[:, -1] > NEG_INF / 2  # [B]
+        else:
+            # Alive hypotheses are sorted: the first one has the best log P.
+            best_alive_bound = alive_log_probs[:, 0] / max_penalty  # [B]
+            target = finished_scores[:, -1] if return_all else finished_scores[:, 0]  # [B]
+            cannot_improve = target >= best_alive_bound
+        done = done | (length >= limits) | cannot_improve
         return i + 1, alive_ids, alive_log_probs, finished_ids, finished_scores, done, model_state
 
     def cond(i, alive_ids, alive_log_probs, finished_ids, finished_scores, done, model_state):
@@ -550,7 +568,9 @@ def _trim_padding(token_ids):
 
 
 def _check_options(beam_size=1, alpha=0.0, max_length=None, min_length=0, bos_id=2, eos_id=3,
-                   max_extra_length=EXTRA_OUTPUT_LENGTH, **_):
+                   max_extra_length=EXTRA_OUTPUT_LENGTH, early_stopping="exact", **_):
+    if early_stopping not in EARLY_STOPPING:
+        raise ValueError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}.")
     if not float(alpha) >= 0.0:

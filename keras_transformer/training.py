@@ -380,11 +380,14 @@ def write_averaged_model(run_dir, last, output=None):
     return output, chosen
 
 
-def load_run(run_dir, checkpoint=None):
+def load_run(run_dir, checkpoint=None, dtype=None):
     """The model and tokenizer of a run directory: `(Transformer, Tokenizer)`.
 
     Loads `model.keras` when the run has finished; otherwise (or with
     `checkpoint`, a path or "latest") the config and a checkpoint's weights.
+    `dtype`: a dtype policy for the returned model ("float32",
+    "mixed_bfloat16", ...); default: `model.keras`'s own (the training
+    precision), float32 for a checkpoint.
     """
     import keras
 
@@ -396,6 +399,10 @@ def load_run(run_dir, checkpoint=None):
         # compile=False then compile(): the saved optimizer is unbuilt, and loading it
         # into the built one of Transformer.compile_from_config only warns.
         model = keras.saving.load_model(final, compile=False)
+        if dtype is not None and keras.dtype_policies.get(dtype).name != model.dtype_policy.name:
+            weights = model.get_weights()
+            model = _build_model(model.config, dtype=dtype)
+            model.set_weights(weights)
         model.compile()
         return model, tokenizer
     checkpoints = list_checkpoints(run_dir)
@@ -403,7 +410,7 @@ def load_run(run_dir, checkpoint=None):
         if not checkpoints:
             raise FileNotFoundError(f"{run_dir} has neither {MODEL_FILENAME} nor checkpoints.")
         checkpoint = checkpoints[-1][1]
-    model = _build_model(_model_config_of_run(run_dir), dtype="float32")
+    model = _build_model(_model_config_of_run(run_dir), dtype=dtype or "float32")
     model.load_weights(checkpoint)
     model.compile()
     return model, tokenizer

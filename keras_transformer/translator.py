@@ -42,6 +42,8 @@ class Translator(tf.Module):
         max_input_length: longest source in tokens (EOS included); longer
             ones are truncated. Default: the model's `config.max_length`.
         jit_compile: compile the search with XLA.
+        early_stopping: "exact" (default) or "k_finished", see
+            `keras_transformer.decoding.beam_search`.
 
     Example:
     >>> translator = Translator.from_run_dir("runs/multi30k")
@@ -50,13 +52,14 @@ class Translator(tf.Module):
     """
 
     def __init__(self, model, tokenizer, beam_size=4, alpha=0.6, max_extra_length=50,
-                 max_input_length=None, jit_compile=False, name="translator"):
+                 max_input_length=None, jit_compile=False, early_stopping="exact", name="translator"):
         super().__init__(name=name)
         self.model = model
         self.tokenizer = tokenizer
         self.beam_size = int(beam_size)
         self.alpha = float(alpha)
         self.max_extra_length = int(max_extra_length)
+        self.early_stopping = early_stopping
         self.max_input_length = int(max_input_length or model.config.max_length)
         if self.max_input_length < 2:
             raise ValueError(f"max_input_length must be at least 2, got {self.max_input_length}.")
@@ -65,7 +68,8 @@ class Translator(tf.Module):
             self._decode = decoding.make_decode_fn(model, "greedy", jit_compile=jit_compile, **options)
         else:
             self._decode = decoding.make_decode_fn(
-                model, "beam", jit_compile=jit_compile, beam_size=self.beam_size, alpha=self.alpha, **options
+                model, "beam", jit_compile=jit_compile, beam_size=self.beam_size, alpha=self.alpha,
+                early_stopping=early_stopping, **options
             )
 
     # In-graph -------------------------------------------------------------------
@@ -125,11 +129,15 @@ class Translator(tf.Module):
         return (translations, scores) if return_scores else translations
 
     @classmethod
-    def from_run_dir(cls, run_dir, **options):
-        """A translator for the final model of a training run directory."""
+    def from_run_dir(cls, run_dir, dtype=None, **options):
+        """A translator for the final model of a training run directory.
+
+        `dtype`: decode under this dtype policy ("float32", "mixed_bfloat16");
+        default the precision the model was trained with.
+        """
         from keras_transformer.training import load_run  # the run layout lives there
 
-        model, tokenizer = load_run(run_dir)
+        model, tokenizer = load_run(run_dir, dtype=dtype)
         return cls(model, tokenizer, **options)
 
 
@@ -167,15 +175,16 @@ def is_saved_model(path):
         return False
 
 
-def load_translator(path, beam_size=4, alpha=0.6, max_extra_length=50):
+def load_translator(path, beam_size=4, alpha=0.6, max_extra_length=50, early_stopping="exact", precision=None):
     """A translator for a run directory or an exported SavedModel (whose options are fixed at export)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"--model {path}: no such directory (expected a run directory or a SavedModel).")
     if is_saved_model(path):
-        if (beam_size, alpha, max_extra_length) != (4, 0.6, 50):
+        if (beam_size, alpha, max_extra_length, early_stopping, precision) != (4, 0.6, 50, "exact", None):
             logger.warning("%s is a SavedModel: decoding options were fixed at export; ignoring the ones given.", path)
         return SavedModelTranslator(path)
-    return Translator.from_run_dir(path, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
+    return Translator.from_run_dir(path, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
+                                   early_stopping=early_stopping, dtype=precision)
 
 
 # Commands ----------------------------------------------------------------------------
@@ -196,11 +205,17 @@ def _add_model_options(parser):
     parser.add_argument("--alpha", type=float, default=0.6, help="length penalty; default 0.6 (§6.1)")
     parser.add_argument("--max-extra-length", type=int, default=50,
                         help="output may exceed the source by this many tokens; default 50 (§6.1)")
+    parser.add_argument("--early-stopping", choices=decoding.EARLY_STOPPING, default="exact",
+                        help="exact: stop when no alive hypothesis can win (default); "
+                             "k_finished: stop once beam-size hypotheses ended (faster)")
+    parser.add_argument("--precision", choices=["float32", "mixed_bfloat16", "mixed_float16"], default=None,
+                        help="decode in this precision (default: the one the model was trained with)")
     parser.add_argument("--batch-size", type=int, default=64)
 
 
 def run_translate(args):
-    translator = load_translator(args.model, args.beam, args.alpha, args.max_extra_length)
+    translator = load_translator(args.model, args.beam, args.alpha, args.max_extra_length, args.early_stopping,
+                                 args.precision)
     sentences = _read_sentences(args)
     # Sentences from a file or stdin get a progress bar on stderr; stdout stays clean.
     translations = translator.translate(sentences, batch_size=args.batch_size,
@@ -221,7 +236,8 @@ def run_evaluate(args):
         raise SystemExit(
             f"evaluate: {args.src} has {len(sources)} lines but {args.ref} has {len(references)}."
         )
-    translator = load_translator(args.model, args.beam, args.alpha, args.max_extra_length)
+    translator = load_translator(args.model, args.beam, args.alpha, args.max_extra_length, args.early_stopping,
+                                 args.precision)
     hypotheses = translator.translate(sources, batch_size=args.batch_size, progress=args.progress)
     result = corpus_scores(hypotheses, references, lang=args.tgt_lang)
     result.update(model=args.model, sentences=len(sources))

@@ -5,6 +5,7 @@ import json
 import sys
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
 from keras_transformer import cli
@@ -28,6 +29,26 @@ def test_translate_arguments_and_stdin(tiny_run_dir, capsys, monkeypatch):
                   capsys, stdin="A dog runs.\n\nTwo men talk.\n", monkeypatch=monkeypatch)
     lines = out.out.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+def test_translate_precision_and_early_stopping_options(tiny_run_dir, capsys):
+    """--precision decodes under another dtype policy with the same weights; --early-stopping is accepted."""
+    from keras_transformer.training import load_run
+
+    model, _ = load_run(tiny_run_dir, dtype="mixed_bfloat16")
+    assert model.dtype_policy.name == "mixed_bfloat16" and model.compute_dtype == "bfloat16"
+    reference, _ = load_run(tiny_run_dir, dtype="float32")
+    for ours, theirs in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(ours, theirs)  # same float32 weights, other compute dtype
+    sentences = ["A dog runs.", "Two men talk."]
+    outputs = {}
+    for options in ([], ["--precision", "float32"], ["--precision", "mixed_bfloat16"],
+                    ["--early-stopping", "k_finished"]):
+        out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", *options, *sentences],
+                      capsys)
+        outputs[tuple(options)] = out.out.splitlines()
+        assert len(outputs[tuple(options)]) == 2
+    assert outputs[("--precision", "float32")] == outputs[()]  # the tiny run was saved in float32
 
 
 def test_missing_model_is_a_clear_error(tmp_path):

@@ -301,6 +301,36 @@ def test_search_stops_early():
     assert 5 <= int(model.steps.numpy()) < 10
 
 
+def test_k_finished_stops_when_k_hypotheses_have_ended():
+    """fairseq's rule: done once K hypotheses ended, even if an alive one could still win."""
+    model = ScriptedModel()
+    source = np.array([[7, 7, 7]], np.int32)
+    model.steps.assign(0)
+    ids, scores = beam_search(model, source, beam_size=2, alpha=0.6, early_stopping="k_finished")
+    # Step 1 ends [eos]; step 2 ends [b, eos] (or [x, eos]): two finished, stop.
+    # The exact search goes on and finds [a, a, a, a, eos] at step 5.
+    assert int(model.steps.numpy()) == 2
+    assert unpad(ids[0]) == [EOS]
+    np.testing.assert_allclose(scores[0], model.log_prob([EOS]), rtol=1e-5)
+    ids, _ = beam_search(model, source, beam_size=2, alpha=0.6, early_stopping="exact")
+    assert unpad(ids[0]) == [4, 4, 4, 4, EOS]
+
+
+@pytest.mark.parametrize("vocab_size, k", [(8000, 10), (8000, 8), (1200, 9), (7919, 10), (50, 10)])
+def test_blocked_top_k_equals_top_k(vocab_size, k):
+    """The block-maximum top-k is exact, also with ties (rounded values) and when it falls back."""
+    from keras_transformer.decoding import _blocked_top_k
+
+    rng = np.random.default_rng(vocab_size + k)
+    x = np.round(rng.normal(size=(3, 4, vocab_size)) * 4).astype("float32")  # many ties
+    x[0, 0, -k:] = 100.0  # the top k in the last block
+    values, ids = _blocked_top_k(tf.constant(x), k)
+    expected, _ = tf.math.top_k(x, k)
+    np.testing.assert_array_equal(values.numpy(), expected.numpy())
+    np.testing.assert_array_equal(np.take_along_axis(x, ids.numpy(), axis=-1), values.numpy())
+    assert all(len(set(row)) == k for row in ids.numpy().reshape(-1, k))
+
+
 def test_length_penalty_formula():
     np.testing.assert_allclose(length_penalty(1, 0.6), 1.0)
     np.testing.assert_allclose(length_penalty(7, 0.6), 2.0**0.6, rtol=1e-6)
@@ -312,6 +342,8 @@ def test_invalid_options(random_model, sources):
         beam_search(random_model, sources, beam_size=0)
     with pytest.raises(ValueError, match="max_length"):
         greedy_search(random_model, sources, max_length=0)
+    with pytest.raises(ValueError, match="early_stopping"):
+        beam_search(random_model, sources, early_stopping="never")
     with pytest.raises(ValueError, match="method"):
         make_decode_fn(random_model, "sample")
     with pytest.raises(TypeError, match="beam_size"):
@@ -368,3 +400,15 @@ def test_min_length_forbids_early_eos(copy_model):
         tokens = unpad(row)
         assert EOS not in tokens[:8]
         assert len(tokens) >= 8
+
+
+def test_bfloat16_decoding_of_the_copy_model(copy_model):
+    """The same weights under mixed_bfloat16 decode the same outputs, scores within 0.05 (documented)."""
+    source, _, _, rows = copy_batch(32, np.random.default_rng(3))
+    ids, scores = beam_search(copy_model, source)
+    bf16 = Transformer(copy_model.config, dtype="mixed_bfloat16")
+    bf16.set_weights(copy_model.get_weights())
+    assert bf16.compute_dtype == "bfloat16"
+    bf16_ids, bf16_scores = beam_search(bf16, source)
+    assert [unpad(r) for r in bf16_ids.numpy()] == [unpad(r) for r in ids.numpy()]
+    np.testing.assert_allclose(bf16_scores.numpy(), scores.numpy(), atol=0.05)
