@@ -24,10 +24,10 @@ PAD_ID = 0
 
 
 def _smoothed_token_loss(logits, labels, epsilon):
-    """Per-token loss `[...]` of float32 `logits [..., V]` and int `labels [...]`."""
+    """Per-token float32 loss `[...]` of `logits [..., V]` (any float dtype) and int `labels [...]`."""
     if keras.backend.backend() == "tensorflow":
         return _smoothed_token_loss_tf(logits, labels, epsilon)
-    return _smoothed_token_loss_generic(logits, labels, epsilon)
+    return _smoothed_token_loss_generic(ops.cast(logits, "float32"), labels, epsilon)
 
 
 def _smoothed_token_loss_generic(logits, labels, epsilon):
@@ -52,37 +52,26 @@ def _smoothed_token_loss_generic(logits, labels, epsilon):
 
 
 def _smoothed_token_loss_tf(logits, labels, epsilon):
-    """The same with TensorFlow's fused softmax cross-entropy kernel (the costliest op after the matmuls).
+    """The same formula compiled by XLA into a few fused loops over the logits.
 
-    `SparseSoftmaxCrossEntropyWithLogits` returns the unsmoothed loss
-    `logsumexp(z) - z_y` and its gradient `softmax(z) - onehot(y)` in one pass.
-    Smoothing adds `epsilon * (z_y - mean(z))` to the loss and
-    `epsilon * (onehot(y) - 1/V)` to the gradient: a scalar shift of every
-    entry and a scatter of one entry per token, no dense one-hot.
+    The logits are the largest tensor of a training step (`[B, T, V]`); TF's
+    op-by-op kernels (and its fused `SparseSoftmaxCrossEntropyWithLogits`)
+    pass over them several times and take ~2x longer forward and backward.
+    The float32 cast of bf16 logits is fused in as well. XLA compiles once per
+    logits shape; bucketed batches have a few dozen.
     """
-    import tensorflow as tf
+    global _xla_smoothed_token_loss
+    if _xla_smoothed_token_loss is None:
+        import tensorflow as tf
 
-    vocab_size = logits.shape[-1]
-    shape = tf.shape(labels)
-    flat_logits = tf.reshape(logits, [-1, vocab_size])  # [N, V]
-    flat_labels = tf.reshape(labels, [-1])  # [N]
-    rows = tf.stack([tf.range(tf.shape(flat_labels)[0]), flat_labels], axis=1)  # [N, 2]
+        def loss_fn(logits, labels, epsilon):
+            return _smoothed_token_loss_generic(ops.cast(logits, "float32"), labels, epsilon)
 
-    @tf.custom_gradient
-    def loss_fn(z):
-        loss, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(features=z, labels=flat_labels)
-        if epsilon:
-            loss += epsilon * (tf.gather_nd(z, rows) - tf.reduce_mean(z, axis=-1))
+        _xla_smoothed_token_loss = tf.function(loss_fn, jit_compile=True, reduce_retracing=True)
+    return _xla_smoothed_token_loss(logits, labels, epsilon)
 
-        def grad(upstream):  # upstream [N]
-            gradient = upstream[:, None] * (backprop - epsilon / vocab_size if epsilon else backprop)
-            if epsilon:
-                gradient = tf.tensor_scatter_nd_add(gradient, rows, epsilon * upstream)
-            return gradient
 
-        return loss, grad
-
-    return tf.reshape(loss_fn(flat_logits), shape)
+_xla_smoothed_token_loss = None
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -117,7 +106,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     def call(self, y_true, y_pred):
         """Per-token losses `[B, T]`, zero at padding."""
         labels = ops.cast(y_true, "int32")
-        losses = _smoothed_token_loss(ops.cast(y_pred, "float32"), labels, self.label_smoothing)
+        losses = _smoothed_token_loss(y_pred, labels, self.label_smoothing)
         return ops.where(labels != self.pad_id, losses, 0.0)
 
     def __call__(self, y_true, y_pred, sample_weight=None):

@@ -112,6 +112,24 @@ def test_self_attention_cache_equals_full_pass():
     np.testing.assert_allclose(out, np.asarray(full)[:, 4:], atol=1e-5)
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_cache_write_slices_under_xla_and_scatters_in_plain_graphs(jit_compile):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(4)
+    cache = rng.normal(size=(2, 3, 6, 4)).astype("float32")
+    update = rng.normal(size=(2, 3, 2, 4)).astype("float32")
+    expected = cache.copy()
+    expected[:, :, 3:5] = update
+    write = tf.function(MultiHeadAttention._write_cache, jit_compile=jit_compile)
+    np.testing.assert_array_equal(write(cache, update, tf.constant(3)), expected)
+    graph = write.get_concrete_function(cache, update, tf.constant(3)).graph
+    op_types = {op.type for op in graph.get_operations()}
+    # A plain graph (what a SavedModel holds for TF Serving) must not need XLA ops.
+    assert ("XlaDynamicUpdateSlice" in op_types) == jit_compile
+    assert ("TensorScatterUpdate" in op_types) != jit_compile
+
+
 def test_positional_encoding_equals_paper_formula_at_any_length():
     d_model, length = 10, 3000  # far longer than any fixed table
     table = np.asarray(sinusoidal_encoding(np.arange(length), d_model))
