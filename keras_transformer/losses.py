@@ -67,7 +67,7 @@ def _smoothed_token_loss_tf(logits, labels, epsilon):
         def loss_fn(logits, labels, epsilon):
             return _smoothed_token_loss_generic(ops.cast(logits, "float32"), labels, epsilon)
 
-        _xla_smoothed_token_loss = tf.function(loss_fn, jit_compile=True, reduce_retracing=True)
+        _xla_smoothed_token_loss = tf.function(loss_fn, jit_compile=True)
     return _xla_smoothed_token_loss(logits, labels, epsilon)
 
 

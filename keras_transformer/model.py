@@ -36,7 +36,8 @@ class Transformer(keras.Model):
         training: enables dropout.
 
     Returns:
-        float32 logits `[B, T, vocab_size]`.
+        logits `[B, T, vocab_size]` in the compute dtype (float32, or bf16
+        under `mixed_bfloat16`; `decode`/`decode_step` return float32).
 
     `compile()` with no arguments sets up the paper's training: Adam with
     `TransformerSchedule` (§5.3), `LabelSmoothedCrossEntropy` (§5.4) and
@@ -130,8 +131,12 @@ class Transformer(keras.Model):
             return_attention_scores=return_attention_scores,
         )
 
-    def decode(self, target_ids, memory, source_ids, training=None, return_attention_scores=False):
-        """Decoder stack and output projection: logits `[B, T, vocab_size]` for every position."""
+    def decode(self, target_ids, memory, source_ids, training=None, return_attention_scores=False,
+               logits_dtype="float32"):
+        """Decoder stack and output projection: logits `[B, T, vocab_size]` for every position.
+
+        `logits_dtype=None` leaves them in the compute dtype (see `call`).
+        """
         y = self.target_embedding(target_ids)
         y = self.target_dropout(self.target_positions(y), training=training)
         y = self.decoder(
@@ -144,17 +149,22 @@ class Transformer(keras.Model):
         )
         if return_attention_scores:
             y, weights = y
-            return self._logits(y), weights
-        return self._logits(y)
+            return self._logits(y, logits_dtype), weights
+        return self._logits(y, logits_dtype)
 
-    def _logits(self, y):
-        # Float32 logits: the softmax over the vocabulary needs the precision.
-        return ops.cast(self.output_projection.project(y), "float32")
+    def _logits(self, y, dtype="float32"):
+        logits = self.output_projection.project(y)
+        return logits if dtype is None else ops.cast(logits, dtype)
 
     def call(self, inputs, training=None):
         source_ids, target_ids = inputs
         memory = self.encode(source_ids, training=training)
-        return self.decode(target_ids, memory, source_ids, training=training)
+        # Logits stay in the compute dtype: a bf16 matmul's output is already
+        # rounded to bf16, so casting here adds no precision, only two passes
+        # over the largest tensor of the step (forward and backward). The
+        # softmax that needs float32 casts on its own: our loss inside its
+        # compiled kernel, Keras' losses on entry, decoding in `decode_step`.
+        return self.decode(target_ids, memory, source_ids, training=training, logits_dtype=None)
 
     # Incremental decoding ------------------------------------------------------------
 

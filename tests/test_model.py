@@ -199,10 +199,12 @@ def test_tiny_model_learns_to_copy():
     assert accuracy > 0.98, accuracy
 
 
-def test_mixed_bfloat16_model_runs_with_float32_logits_and_variables():
+def test_mixed_bfloat16_model_keeps_float32_variables_and_decoding_logits():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model = tiny_model()
     rng = np.random.default_rng(6)
-    logits = model((random_ids(rng, 2, 5), random_ids(rng, 2, 4)))
-    assert logits.dtype == "float32"
+    source, target = random_ids(rng, 2, 5), random_ids(rng, 2, 4)
+    logits = model((source, target))
+    assert logits.dtype == "bfloat16"  # training logits: the loss casts inside its kernel
+    assert model.decode(target, model.encode(source), source).dtype == "float32"
     assert all(w.dtype == "float32" for w in model.weights)
