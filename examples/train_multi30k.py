@@ -35,18 +35,17 @@ from keras_transformer.evaluation import corpus_scores, format_scores  # noqa: E
 from keras_transformer.export import export_saved_model  # noqa: E402
 from keras_transformer.translator import Translator  # noqa: E402
 
-# Defaults of the demo. Measured throughput of preset "small" (3
-# layers, d_model 256, 7.6M parameters) with a vocabulary of 8000 on 4096-token
-# Multi30k batches, on the 2-core CPU this was written on, 60 s each while one
-# other job was running: ~2200 target tokens/s with mixed_bfloat16, ~1400 with
-# float32 (~1400 / ~1050 with two other jobs); XLA is much slower here (a
-# compilation per bucket shape). A step holds
-# ~3300 target tokens, an epoch (one pass over the 29k pairs) ~139 steps; alone
-# on the machine a step takes ~1.1 s, so ~27 min of training is ~1500 steps,
-# about 11 epochs. A short run needs a short warmup and a higher rate than the
-# paper's: equation (3) with warmup 400 and 0.8 times the scale peaks at 2.5e-3
-# (a trial with 0.8 was ahead of 0.5 at every epoch: validation loss 3.16 vs
-# 3.21 after 5 epochs).
+# Defaults of the demo. Preset "small" (3 layers, d_model 256, 7.6M parameters)
+# with a vocabulary of 8000 on 4096-token Multi30k batches (~3300 target tokens
+# per step, ~139 steps per epoch over the 29k pairs) trains at ~2900-3200
+# target tokens/s with mixed_bfloat16 on the 2-core CPU this was written on
+# (float32 is ~1.3x slower; XLA is slower still here: a compilation per bucket
+# shape and slower CPU matmuls). A step takes ~1.07 s, so 1600 steps (~11.5
+# epochs) are ~28.5 min of training, ~29.5 min with evaluation and export. A
+# short run needs a short warmup and a higher rate than the paper's: equation
+# (3) with warmup 400 and 0.8 times the scale peaks at 2.5e-3 (a trial with
+# 0.8 was ahead of 0.5 at every epoch: validation loss 3.16 vs 3.21 after 5
+# epochs).
 # Checkpoints every 50 steps; the last 5 are averaged (§6.1).
 DEMO_DEFAULTS = dict(
     output="runs/multi30k_en_de",

@@ -16,12 +16,13 @@ from keras_transformer import layers
 from keras_transformer.config import PRESETS, TransformerConfig
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.model import Transformer
-from keras_transformer.optimization import TransformerSchedule, create_optimizer
+from keras_transformer.optimization import FusedAdam, TransformerSchedule, create_optimizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "PRESETS",
+    "FusedAdam",
     "LabelSmoothedCrossEntropy",
     "MaskedAccuracy",
     "Transformer",
