@@ -45,6 +45,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import sys
@@ -118,7 +119,9 @@ class OurModels:
         return self._models[policy]
 
 
-def ours_system(args, models, batches, policy, jit, name, baseline):
+def ours_system(args, models, batches, policy, jit, name, baseline, workers=1):
+    """`workers > 1`: that many batches decoded at once from Python threads (like a server's concurrent requests)."""
+
     def setup():
         from keras_transformer.decoding import make_decode_fn
 
@@ -129,19 +132,24 @@ def ours_system(args, models, batches, policy, jit, name, baseline):
             for batch in distinct_shapes(batches):
                 decode(batch)
 
+        def decode_batch(batch):
+            token_ids, _ = decode(batch)
+            return int(np.count_nonzero(token_ids.numpy())), batch.shape[0]
+
         def run():
-            tokens = sentences = 0
             with common.policy_scope(policy):
-                for batch in batches:
-                    token_ids, _ = decode(batch)
-                    tokens += int(np.count_nonzero(token_ids.numpy()))
-                    sentences += batch.shape[0]
-            return {"tokens": tokens, "sentences": sentences}
+                if workers == 1:
+                    counts = [decode_batch(batch) for batch in batches]
+                else:
+                    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                        counts = list(pool.map(decode_batch, batches))
+            return {"tokens": sum(t for t, _ in counts), "sentences": sum(n for _, n in counts)}
 
         return run
 
     return common.System(name, setup, baseline=baseline,
-                         info={"policy": policy, "jit_compile": jit, "api": "make_decode_fn(model, 'beam', ...)"})
+                         info={"policy": policy, "jit_compile": jit, "concurrent_batches": workers,
+                               "api": "make_decode_fn(model, 'beam', ...)"})
 
 
 # keras-hub ---------------------------------------------------------------------------
@@ -272,8 +280,10 @@ def check_conversion(args, model, translator, vocabulary, count=8):
     return agree, count
 
 
-def ctranslate2_system(args, models, sentences, quantization, name, baseline, workdir):
-    info = {"quantization": quantization or "float32", "intra_threads": args.threads}
+def ctranslate2_system(args, models, sentences, quantization, name, baseline, workdir, workers=1):
+    """`workers > 1`: CTranslate2's `inter_threads` (batches in parallel), cores shared among them."""
+    intra_threads = max(1, args.threads // workers)
+    info = {"quantization": quantization or "float32", "inter_threads": workers, "intra_threads": intra_threads}
 
     def setup():
         try:
@@ -287,7 +297,7 @@ def ctranslate2_system(args, models, sentences, quantization, name, baseline, wo
         # The sentences carry no end token: tell CTranslate2 not to add one either.
         export_ctranslate2(model, path, quantization=quantization, add_source_eos=False)
         translator = ctranslate2.Translator(path, device="cpu", compute_type=quantization or "float32",
-                                            inter_threads=1, intra_threads=args.threads)
+                                            inter_threads=workers, intra_threads=intra_threads)
         vocabulary = default_vocabulary(args.vocab_size)
         agree, count = check_conversion(args, model, translator, vocabulary)
         info["greedy_outputs_equal_to_ours"] = f"{agree}/{count}"
@@ -340,11 +350,14 @@ def main(argv=None):
     systems = [
         ours_system(args, models, batches, "float32", False, "ours fp32", "ours fp32"),
         ours_system(args, models, batches, "float32", True, "ours fp32 XLA", "ours fp32"),
+        ours_system(args, models, batches, "float32", True, "ours fp32 XLA x2", "ours fp32", workers=2),
+        ours_system(args, models, batches, "float32", False, "ours fp32 x2", "ours fp32", workers=2),
         ours_system(args, models, batches, "mixed_bfloat16", False, "ours bf16", "ours fp32"),
         ours_system(args, models, batches, "mixed_bfloat16", True, "ours bf16 XLA", "ours fp32"),
         keras_hub_system(args, batches, False, "keras-hub fp32", "ours fp32"),
         keras_hub_system(args, batches, True, "keras-hub fp32 XLA", "ours fp32 XLA"),
         ctranslate2_system(args, models, sentences, None, "ctranslate2 fp32", "ours fp32", workdir),
+        ctranslate2_system(args, models, sentences, None, "ctranslate2 fp32 x2", "ours fp32", workdir, workers=2),
         ctranslate2_system(args, models, sentences, "int8", "ctranslate2 int8", "ours fp32", workdir),
     ]
     systems = common.select(systems, args.only)
