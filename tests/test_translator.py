@@ -74,6 +74,17 @@ def test_many_sentences(translator):
     assert len(texts) == 256 and np.all(np.isfinite(scores))
 
 
+def test_concurrent_batches_give_the_same_translations_in_order(translator):
+    sentences = read_lines("test2016", "en")[:40]
+    one, one_scores = translator.translate(sentences, batch_size=8, workers=1, return_scores=True)
+    three, three_scores = translator.translate(sentences, batch_size=8, workers=3, return_scores=True)
+    assert three == one and len(one) == 40
+    np.testing.assert_allclose(three_scores, one_scores, rtol=1e-6)
+    assert one == [run(translator, [s])[0][0] for s in sentences[:3]] + one[3:]  # each row in its place
+    with pytest.raises(ValueError, match="workers"):
+        translator.translate(sentences, workers=0)
+
+
 def test_greedy_translator(tokenizer, translator):
     greedy = Translator(translator.model, tokenizer, beam_size=1, max_extra_length=4)
     texts, scores = run(greedy, ["A dog runs."])
