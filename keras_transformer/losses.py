@@ -15,6 +15,8 @@ with the closed-form gradient softmax(z) - q: no scatter, no one-hot in the
 forward pass.
 """
 
+import functools
+
 import keras
 from keras import ops
 
@@ -27,11 +29,11 @@ def _smoothed_token_loss(logits, labels, epsilon):
     """Per-token float32 loss `[...]` of `logits [..., V]` (any float dtype) and int `labels [...]`."""
     if keras.backend.backend() == "tensorflow":
         return _smoothed_token_loss_tf(logits, labels, epsilon)
-    return _smoothed_token_loss_generic(ops.cast(logits, "float32"), labels, epsilon)
+    return _smoothed_token_loss_generic(logits, labels, epsilon)
 
 
 def _smoothed_token_loss_generic(logits, labels, epsilon):
-    """`keras.ops` version, any backend: closed-form gradient `softmax(z) - q`."""
+    """`keras.ops` version, any backend: float32 loss, closed-form gradient `softmax(z) - q`."""
     vocab_size = logits.shape[-1]
 
     @ops.custom_gradient
@@ -48,7 +50,7 @@ def _smoothed_token_loss_generic(logits, labels, epsilon):
 
         return loss, grad
 
-    return loss_fn(logits)
+    return loss_fn(ops.cast(logits, "float32"))  # the gradient flows back through the cast
 
 
 def _smoothed_token_loss_tf(logits, labels, epsilon):
@@ -60,18 +62,14 @@ def _smoothed_token_loss_tf(logits, labels, epsilon):
     The float32 cast of bf16 logits is fused in as well. XLA compiles once per
     logits shape; bucketed batches have a few dozen.
     """
-    global _xla_smoothed_token_loss
-    if _xla_smoothed_token_loss is None:
-        import tensorflow as tf
-
-        def loss_fn(logits, labels, epsilon):
-            return _smoothed_token_loss_generic(ops.cast(logits, "float32"), labels, epsilon)
-
-        _xla_smoothed_token_loss = tf.function(loss_fn, jit_compile=True)
-    return _xla_smoothed_token_loss(logits, labels, epsilon)
+    return _xla_compiled_loss()(logits, labels, epsilon)
 
 
-_xla_smoothed_token_loss = None
+@functools.cache
+def _xla_compiled_loss():
+    import tensorflow as tf
+
+    return tf.function(_smoothed_token_loss_generic, jit_compile=True)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
