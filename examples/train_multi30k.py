@@ -37,15 +37,17 @@ from keras_transformer.translator import Translator  # noqa: E402
 
 # Defaults of the demo. Preset "small" (3 layers, d_model 256, 7.6M parameters)
 # with a vocabulary of 8000 on 4096-token Multi30k batches (~3300 target tokens
-# per step, ~139 steps per epoch over the 29k pairs) trains at ~2900-3200
-# target tokens/s with mixed_bfloat16 on the 2-core CPU this was written on
-# (float32 is ~1.3x slower; XLA is slower still here: a compilation per bucket
-# shape and slower CPU matmuls). A step takes ~1.07 s, so 1600 steps (~11.5
-# epochs) are ~28.5 min of training, ~29.5 min with evaluation and export. A
-# short run needs a short warmup and a higher rate than the paper's: equation
-# (3) with warmup 400 and 0.8 times the scale peaks at 2.5e-3 (a trial with
-# 0.8 was ahead of 0.5 at every epoch: validation loss 3.16 vs 3.21 after 5
-# epochs).
+# per step, ~139 steps per epoch over the 29k pairs). Training stops after 26.5
+# minutes (--time-budget), so that with the vocabulary, evaluation and export
+# the demo takes ~30 minutes on any machine; how far it gets depends on the
+# machine. Precision "auto" picks mixed_bfloat16 where the CPU computes bf16
+# natively (AVX512_BF16/AMX) and float32 elsewhere, where bf16 is emulated and
+# slower. Seen on 2-core machines: an AVX512_BF16 EPYC trained at ~2900-3200
+# target tokens/s in bf16 (~1600 steps, ~11.5 epochs in the budget); an
+# AVX2-only EPYC at ~1100-1300 in float32. A short run needs a short warmup
+# and a higher rate than the paper's: equation (3) with warmup 400 and 0.8
+# times the scale peaks at 2.5e-3 (a trial with 0.8 was ahead of 0.5 at every
+# epoch: validation loss 3.16 vs 3.21 after 5 epochs).
 # Checkpoints every 50 steps; the last 5 are averaged (§6.1).
 DEMO_DEFAULTS = dict(
     output="runs/multi30k_en_de",
@@ -55,8 +57,9 @@ DEMO_DEFAULTS = dict(
     preset="small",
     vocab_size=8000,
     batch_tokens=4096,
-    precision="mixed_bfloat16",
-    max_steps=1600,
+    precision="auto",
+    epochs=40,
+    time_budget=26.5,
     warmup_steps=400,
     lr_scale=0.8,
     checkpoint_every=50,

@@ -78,6 +78,8 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# "auto": the fastest of PRECISIONS on this machine (`distribute.auto_precision`).
+PRECISION_CHOICES = ("auto",) + PRECISIONS
 
 CONFIG_FILENAME = "config.json"
 MODEL_FILENAME = "model.keras"
@@ -133,13 +135,19 @@ class TrainingArgs:
             `steps_per_epoch` steps (streamed corpora).
         max_steps: stop after this many optimizer steps (wins over `epochs`).
             With neither, 10 epochs.
+        time_budget: stop, at the latest, once training has taken this many
+            minutes (counted over all the processes of a resumed run, from
+            their first step; the steps lost by an interruption are not
+            counted twice). The stop is a checkpoint like any other.
         steps_per_epoch: steps per epoch for streamed (`tfds:`) corpora.
         warmup_steps, lr_scale: equation (3) of §5.3.
     Run:
         output: run directory.
         precision: Keras dtype policy: "float32", "mixed_bfloat16" or
             "mixed_float16" (the latter with dynamic loss scaling: Keras wraps
-            the optimizer in a `LossScaleOptimizer`).
+            the optimizer in a `LossScaleOptimizer`), or "auto": mixed
+            precision where the hardware computes in 16 bits, else float32
+            (`distribute.auto_precision`).
         xla: compile the train step with XLA (`jit_compile=True`).
         seed: seeds weights, dropout and the data order.
         checkpoint_every: steps between checkpoints (and resume points).
@@ -168,6 +176,7 @@ class TrainingArgs:
     epochs: Optional[int] = None
     max_steps: Optional[int] = None
     steps_per_epoch: Optional[int] = None
+    time_budget: Optional[float] = None
     warmup_steps: int = 4000
     lr_scale: float = 1.0
     precision: str = "float32"
@@ -183,8 +192,13 @@ class TrainingArgs:
     verbose: Any = "auto"
 
     def __post_init__(self):
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
+        if self.precision not in PRECISION_CHOICES:
+            raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}.")
+        if self.time_budget is not None and not (
+            isinstance(self.time_budget, (int, float)) and not isinstance(self.time_budget, bool)
+            and self.time_budget > 0
+        ):
+            raise ValueError(f"time_budget must be a positive number of minutes or None, got {self.time_budget!r}.")
         for name in ("vocab_size", "batch_tokens", "warmup_steps", "checkpoint_every", "validate_every",
                      "log_every", "steps_per_execution"):
             value = getattr(self, name)
@@ -480,6 +494,8 @@ def _make_monitor_class():
           sums are exact window means).
         - Every `checkpoint_every` steps writes a checkpoint and the backup
           (and `epoch_end_backup()` the backup at each epoch end).
+        - Stops training at `total_steps`, or once the run's training time
+          reaches `--time-budget`, with a checkpoint at that step.
         """
 
         def __init__(self, run, start_step, total_steps):
@@ -488,11 +504,16 @@ def _make_monitor_class():
             self.step = start_step
             self.total_steps = total_steps
             self.stopped_on_nan = False
+            self.out_of_time = False
             self.last_backup = start_step
             self.last_validation = None
             self.timed_tokens = 0.0
             self.timed_seconds = 0.0
             self._speed = None
+
+        def on_train_begin(self, logs=None):
+            if self.run.train_start is None:
+                self.run.train_start = time.perf_counter()
 
         def on_epoch_begin(self, epoch, logs=None):
             self._epoch_start_step = self.step
@@ -532,14 +553,15 @@ def _make_monitor_class():
             if self._speed is not None:
                 logs["tokens_per_sec"] = self._speed
             args = self.run.args
-            if self.run.is_chief and (self._crossed(previous, args.log_every) or self.step >= self.total_steps):
+            if args.time_budget is not None and self.run.training_seconds() >= 60.0 * args.time_budget:
+                self.out_of_time = True
+            last = self.step >= self.total_steps or self.out_of_time
+            if self.run.is_chief and (self._crossed(previous, args.log_every) or last):
                 self._log_step(loss, float(logs.get("accuracy", float("nan"))), sequences, tokens, lr)
-            if not self.stopped_on_nan and (
-                self._crossed(previous, args.checkpoint_every) or self.step >= self.total_steps
-            ):
+            if not self.stopped_on_nan and (self._crossed(previous, args.checkpoint_every) or last):
                 self.run.save_checkpoint(self.model, self.step)
                 self.last_backup = self.step
-            if self.step >= self.total_steps:
+            if last:
                 self.model.stop_training = True
 
         def _crossed(self, previous, every):
@@ -613,8 +635,16 @@ class _Run:
         self.out_dir = self.run_dir if self.is_chief else os.path.join(self.run_dir, f"worker-{self.worker_index}")
         self.start_time = time.perf_counter()
         self.steps_per_epoch = None
+        self.trained_seconds = 0.0  # training time of the run's earlier processes (from the backup)
+        self.train_start = None  # when this process began training
         os.makedirs(self.out_dir, exist_ok=True)
         os.makedirs(os.path.join(self.out_dir, CHECKPOINT_DIR), exist_ok=True)
+
+    def training_seconds(self):
+        """Training time of the run so far: earlier processes up to the backup, plus this one's."""
+        if self.train_start is None:
+            return self.trained_seconds
+        return self.trained_seconds + time.perf_counter() - self.train_start
 
     def path(self, *parts):
         return os.path.join(self.out_dir, *parts)
@@ -641,8 +671,8 @@ class _Run:
         tmp = os.path.join(backup, f"tmp-{os.getpid()}-{name}")
         model.save_weights(tmp)
         os.replace(tmp, os.path.join(backup, name))
-        _atomic_write_text(os.path.join(backup, "state.json"),
-                           json.dumps({"step": step, "weights": name}, indent=2))
+        _atomic_write_text(os.path.join(backup, "state.json"), json.dumps(
+            {"step": step, "weights": name, "training_seconds": round(self.training_seconds(), 3)}, indent=2))
         for old in glob.glob(os.path.join(backup, "state-*.weights.h5")) + glob.glob(os.path.join(backup, "tmp-*")):
             if os.path.basename(old) != name:
                 try:
@@ -651,7 +681,7 @@ class _Run:
                     pass
 
     def find_backup(self):
-        """(step, weights path) of the resume point, or None. Workers prefer the chief's."""
+        """(step, weights path, training seconds) of the resume point, or None. Workers prefer the chief's."""
         candidates = [os.path.join(self.run_dir, BACKUP_DIR)]
         if not self.is_chief:
             candidates.append(self.path(BACKUP_DIR))
@@ -662,7 +692,7 @@ class _Run:
                     state = json.load(f)
                 weights = os.path.join(backup, state["weights"])
                 if os.path.exists(weights):
-                    return int(state["step"]), weights
+                    return int(state["step"]), weights, float(state.get("training_seconds", 0.0))
         return None
 
     # -- logs -----------------------------------------------------------------
@@ -1091,11 +1121,15 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
     saved = _check_resume_config(run.run_dir, args, model_config)
     max_length = model_config.max_length
 
+    precision, precision_reason = args.precision, None
+    if precision == "auto":
+        precision, precision_reason = distribute.auto_precision()
     previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(args.precision)
+    keras.mixed_precision.set_global_policy(precision)
     try:
         backup = run.find_backup()
         start_step = backup[0] if backup else 0
+        run.trained_seconds = backup[2] if backup else 0.0
         # Dropout's random state is not part of the backup: a resumed run draws
         # new masks (seeded by the step) rather than replaying those of step 0.
         keras.utils.set_random_seed(args.seed + start_step)
@@ -1130,6 +1164,7 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
                          "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
                          "num_replicas": strategy.num_replicas_in_sync, "batch_multiple": num_replicas,
                          "streamed": training_data.streamed},
+                "precision": precision,
                 "tokenizer": "spm.model",
                 "final_model": MODEL_FILENAME,
             }, indent=2, sort_keys=True))
@@ -1158,7 +1193,9 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
                 model.load_weights(weights)
             print(f"resumed from step {start_step}", flush=True)
             logger.info("Resumed %s from step %d (%s)", run.run_dir, start_step, weights)
-        if start_step < total_steps:
+        budget_spent = args.time_budget is not None and run.trained_seconds >= 60.0 * args.time_budget
+        to_train = start_step < total_steps and not budget_spent
+        if to_train:
             # Rows of the epoch about to be redone are rewritten; checkpoints past the
             # resume point (written after the last backup) are stale.
             run.truncate_logs(start_step)
@@ -1167,10 +1204,12 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
                     os.remove(path)
 
         n_params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        shown = f"{precision}: --precision auto, {precision_reason}" if precision_reason else precision
+        budget = f" or {args.time_budget:g} min of training" if args.time_budget is not None else ""
         print(
-            f"Training {args.preset} model ({n_params:,} parameters, {args.precision}) on {args.data} "
+            f"Training {args.preset} model ({n_params:,} parameters, {shown}) on {args.data} "
             f"{args.src}->{args.tgt}: {strategy.num_replicas_in_sync} replica(s), {steps_per_epoch} steps/epoch, "
-            f"steps {start_step}->{total_steps}, run directory {run.run_dir}",
+            f"steps {start_step}->{total_steps}{budget}, run directory {run.run_dir}",
             flush=True,
         )
 
@@ -1185,7 +1224,7 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
         all_callbacks.append(monitor.epoch_end_backup())
 
         step = start_step
-        if step < total_steps:
+        if to_train:
             for initial_epoch, epochs, per_epoch in _fit_plan(step, total_steps, steps_per_epoch):
                 with warnings.catch_warnings():
                     # Validation sets have an unknown length: Keras warns when they end.
@@ -1195,8 +1234,14 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
                               validation_data=validation, validation_freq=args.validate_every,
                               callbacks=all_callbacks, verbose=args.verbose)
                 step = monitor.step
-                if monitor.stopped_on_nan or step >= total_steps:
+                if monitor.stopped_on_nan or monitor.out_of_time or step >= total_steps:
                     break
+            if monitor.out_of_time and step < total_steps:
+                print(f"Time budget of {args.time_budget:g} min reached at step {step} "
+                      f"({run.training_seconds() / 60:.1f} min of training).", flush=True)
+        elif budget_spent:
+            print(f"Run already used its time budget of {args.time_budget:g} min (step {start_step}); "
+                  "nothing to train.", flush=True)
         else:
             print(f"Run already trained to step {start_step} (>= {total_steps}); nothing to train.", flush=True)
 
@@ -1314,6 +1359,9 @@ def add_training_arguments(parser, defaults=None):
                           help="optimizer steps to train (wins over --epochs; §5.2: 100k base, 300k big)")
     schedule.add_argument("--steps-per-epoch", type=int, default=d.steps_per_epoch,
                           help="epoch length for streamed tfds: data (default 1000)")
+    schedule.add_argument("--time-budget", type=float, default=d.time_budget, metavar="MINUTES",
+                          help="stop once training has taken this long (over resumes too), if before "
+                               "--max-steps/--epochs" + (f" (default {d.time_budget:g})" if d.time_budget else ""))
     schedule.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
                           help="warmup of equation (3) (§5.3; default %(default)s)")
     schedule.add_argument("--lr-scale", type=float, default=d.lr_scale,
@@ -1321,8 +1369,10 @@ def add_training_arguments(parser, defaults=None):
 
     run = parser.add_argument_group("run")
     run.add_argument("--output", "-o", default=d.output, help="run directory (default %(default)s)")
-    run.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                     help="Keras dtype policy (default %(default)s)")
+    run.add_argument("--precision", choices=PRECISION_CHOICES, default=d.precision,
+                     help="Keras dtype policy; auto: mixed_bfloat16 on a CPU with native bfloat16 "
+                          "(AVX512_BF16, AMX) or Ampere+ GPUs, mixed_float16 on Volta/Turing, else float32 "
+                          "(default %(default)s)")
     run.add_argument("--xla", action=argparse.BooleanOptionalAction, default=d.xla,
                      help="compile the train step with XLA")
     run.add_argument("--seed", type=int, default=d.seed, help="weights, dropout and data order (default %(default)s)")

@@ -213,6 +213,81 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, spm500):
         np.testing.assert_array_equal(a, b)
 
 
+def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm500, capsys):
+    """The budget ends training mid-run with a checkpoint at the last step; the
+    same command again finds the budget spent (time is counted across processes)."""
+    import keras
+
+    budget_seconds, pace = 8.0, 0.4  # the first step (tracing) takes a few seconds
+    options = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
+                   warmup_steps=4, checkpoint_every=1000, log_every=1000, verbose=0, overrides=TINY_NET,
+                   max_steps=100_000, time_budget=budget_seconds / 60, average_last=2)
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+
+    class SlowSteps(keras.callbacks.Callback):  # a known pace, whatever the machine
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(pace)
+
+    first = training.train(training.TrainingArgs(output=str(run_dir), **options), callbacks=[SlowSteps()])
+    out = capsys.readouterr().out
+    assert 2 <= first.step <= budget_seconds / pace + 1, first.step
+    assert f"reached at step {first.step}" in out
+    assert [s for s, _ in training.list_checkpoints(run_dir)] == [first.step]
+    state = json.loads((run_dir / "backup" / "state.json").read_text())
+    assert state["step"] == first.step and state["training_seconds"] >= budget_seconds
+    assert int(read_csv(run_dir / "steps.csv")[-1]["step"]) == first.step
+
+    again = training.train(training.TrainingArgs(output=str(run_dir), **options))
+    assert (again.resumed_from, again.step) == (first.step, first.step)
+    assert "already used its time budget" in capsys.readouterr().out
+
+    # A larger budget continues the run from there, with the time already spent counted.
+    more = training.train(training.TrainingArgs(output=str(run_dir), **dict(options, time_budget=2 * budget_seconds / 60)),
+                          callbacks=[SlowSteps()])
+    assert more.resumed_from == first.step and first.step < more.step <= first.step + budget_seconds / pace + 1
+    state = json.loads((run_dir / "backup" / "state.json").read_text())
+    assert state["training_seconds"] >= 2 * budget_seconds
+
+
+def test_bad_time_budget_and_precision_are_refused():
+    with pytest.raises(ValueError, match="time_budget"):
+        training.TrainingArgs(time_budget=0)
+    with pytest.raises(ValueError, match="precision must be one of auto, float32"):
+        training.TrainingArgs(precision="bfloat16")
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ("fpu sse sse2 avx fma avx2", "float32"),
+        ("avx2 avx512f avx512_bf16 avx512_vnni", "mixed_bfloat16"),
+        ("avx2 amx_bf16 amx_tile", "mixed_bfloat16"),
+    ],
+)
+def test_auto_precision_follows_the_cpus_bfloat16_support(tmp_path, flags, expected):
+    from keras_transformer import distribute
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n")
+    policy, reason = distribute.auto_precision(str(cpuinfo))  # the test machine has no GPU
+    assert policy == expected
+    assert ("no native bfloat16" in reason) == (expected == "float32")
+    assert distribute.auto_precision(str(tmp_path / "missing"))[0] == "float32"
+
+
+def test_auto_precision_run_records_what_it_chose(tmp_path, spm500, capsys):
+    from keras_transformer import distribute
+
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+    training.train(training.TrainingArgs(
+        output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32,
+        validation_split=None, max_steps=1, verbose=0, overrides=TINY_NET, precision="auto"))
+    chosen, reason = distribute.auto_precision()
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["training"]["precision"] == "auto" and config["precision"] == chosen
+    assert f"{chosen}: --precision auto, {reason}" in capsys.readouterr().out
+
+
 def test_resuming_with_another_model_is_refused(tmp_path, spm500):
     run_dir = new_run_dir(tmp_path / "run", spm500)
     args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
@@ -260,7 +335,7 @@ def test_command_line_options_map_to_training_args():
         "--preset", "base", "--num-layers", "4", "--dropout", "0.3", "--norm-first", "--set", "use_bias=true",
         "--set", "layer_norm_epsilon=1e-5", "--precision", "mixed_bfloat16", "--xla", "--max-steps", "100",
         "--warmup-steps", "50", "--lr-scale", "2", "--average-last", "5", "--validation-split", "none",
-        "--data", "files:a.{src},b.{tgt}",
+        "--data", "files:a.{src},b.{tgt}", "--time-budget", "12.5",
     ])
     args = training.args_from_namespace(namespace)
     assert args.overrides == {"num_layers": 4, "dropout": 0.3, "norm_first": True, "use_bias": True,
@@ -268,10 +343,13 @@ def test_command_line_options_map_to_training_args():
     assert (args.precision, args.xla, args.max_steps, args.warmup_steps, args.lr_scale) == (
         "mixed_bfloat16", True, 100, 50, 2.0)
     assert args.validation_split is None and args.average_last == 5 and args.data == "files:a.{src},b.{tgt}"
+    assert args.time_budget == 12.5
+    assert training.args_from_namespace(parser.parse_args(["--precision", "auto"])).precision == "auto"
     config = args.model_config()
     assert (config.num_layers, config.d_model, config.dropout, config.norm_first) == (4, 512, 0.3, True)
     defaults = training.args_from_namespace(parser.parse_args([]))
     assert defaults.overrides == {} and defaults.warmup_steps == 4000 and defaults.precision == "float32"
+    assert defaults.time_budget is None
     with pytest.raises(ValueError, match="precision"):
         training.TrainingArgs(precision="float64")
 
