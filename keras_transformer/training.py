@@ -138,7 +138,8 @@ class TrainingArgs:
         time_budget: stop, at the latest, once training has taken this many
             minutes (counted over all the processes of a resumed run, from
             their first step; the steps lost by an interruption are not
-            counted twice). The stop is a checkpoint like any other.
+            counted twice). The stop is a checkpoint like any other. Not with
+            MultiWorkerMirroredStrategy (each worker would stop at its own step).
         steps_per_epoch: steps per epoch for streamed (`tfds:`) corpora.
         warmup_steps, lr_scale: equation (3) of §5.3.
     Run:
@@ -1049,6 +1050,15 @@ def _fit_plan(step, total_steps, steps_per_epoch):
     return plan
 
 
+def _check_time_budget(args, strategy):
+    """Workers timing themselves would stop at different steps and leave the others waiting."""
+    import tensorflow as tf
+
+    if args.time_budget is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise ValueError("--time-budget is not supported with MultiWorkerMirroredStrategy (TF_CONFIG): each "
+                         "worker would stop at its own step. Use --max-steps or --epochs.")
+
+
 def _validation_split(args):
     split = args.validation_split
     if args.data.startswith("tfds:") and split == "val":
@@ -1114,6 +1124,7 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
     from keras_transformer.optimization import create_optimizer
     from keras_transformer.tokenizer import get_or_train_tokenizer
 
+    _check_time_budget(args, strategy)
     RunMonitor = _make_monitor_class()
     run = _Run(args, strategy)
     num_replicas = args.batch_multiple or strategy.num_replicas_in_sync

@@ -250,8 +250,16 @@ def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm
 
 
 def test_bad_time_budget_and_precision_are_refused():
+    import tensorflow as tf
+
     with pytest.raises(ValueError, match="time_budget"):
         training.TrainingArgs(time_budget=0)
+    # Multi-worker runs must stop at the same step on every worker: no clocks.
+    multi_worker = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)
+    with pytest.raises(ValueError, match="--time-budget is not supported with MultiWorkerMirroredStrategy"):
+        training._check_time_budget(training.TrainingArgs(time_budget=5), multi_worker)
+    training._check_time_budget(training.TrainingArgs(time_budget=5), tf.distribute.get_strategy())
+    training._check_time_budget(training.TrainingArgs(), multi_worker)
     with pytest.raises(ValueError, match="precision must be one of auto, float32"):
         training.TrainingArgs(precision="bfloat16")
 
