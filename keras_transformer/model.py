@@ -152,8 +152,8 @@ class Transformer(keras.Model):
             return self._logits(y, logits_dtype), weights
         return self._logits(y, logits_dtype)
 
-    def _logits(self, y, dtype="float32"):
-        logits = self.output_projection.project(y)
+    def _logits(self, y, dtype="float32", transposed_kernel=None):
+        logits = self.output_projection.project(y, transposed_kernel)
         return logits if dtype is None else ops.cast(logits, dtype)
 
     def call(self, inputs, training=None):
@@ -169,8 +169,15 @@ class Transformer(keras.Model):
     # Incremental decoding ------------------------------------------------------------
 
     def init_cache(self, memory, max_length):
-        """Cache for decoding up to `max_length` steps against `memory` (see `Decoder.init_cache`)."""
-        return self.decoder.init_cache(memory, max_length)
+        """Cache for decoding up to `max_length` steps against `memory`.
+
+        The decoder's self- and cross-attention caches (`Decoder.init_cache`)
+        and `"output_kernel"`, the pre-softmax matrix transposed once for the
+        whole search (`SharedEmbedding.project`).
+        """
+        cache = self.decoder.init_cache(memory, max_length)
+        cache["output_kernel"] = self.output_projection.transposed_kernel()
+        return cache
 
     def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
                     self_attention_mask=None):
@@ -196,16 +203,19 @@ class Transformer(keras.Model):
         """
         y = self.target_embedding(target_ids)
         y = self.target_positions(y, start_index=cache_index, positions=positions)
-        y, cache = self.decoder(
+        output_kernel = cache.get("output_kernel")
+        y, new_cache = self.decoder(
             y,
             memory,
             memory_padding_mask=ops.not_equal(source_ids, PAD_ID),
-            cache=cache,
+            cache={key: value for key, value in cache.items() if key != "output_kernel"},
             cache_index=cache_index,
             self_attention_mask=self_attention_mask,
             training=False,
         )
-        return self._logits(y), cache
+        if output_kernel is not None:
+            new_cache["output_kernel"] = output_kernel
+        return self._logits(y, transposed_kernel=output_kernel), new_cache
 
     # Training setup --------------------------------------------------------------------
 

@@ -78,12 +78,22 @@ class SharedEmbedding(keras.layers.Layer):
             vectors = vectors * math.sqrt(self.d_model)
         return ops.cast(vectors, self.compute_dtype)
 
-    def project(self, x):
-        """The pre-softmax linear transformation: `[..., d_model] -> [..., vocab_size]` logits."""
+    def transposed_kernel(self):
+        """The matrix `project` multiplies by: the embeddings transposed, `[d_model, vocab_size]`."""
         if not self.built:
             self.build()
-        kernel = ops.cast(self.embeddings, self.compute_dtype)
-        return ops.matmul(ops.cast(x, self.compute_dtype), ops.transpose(kernel))
+        return ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+
+    def project(self, x, transposed_kernel=None):
+        """The pre-softmax linear transformation: `[..., d_model] -> [..., vocab_size]` logits.
+
+        `transposed_kernel`: `transposed_kernel()` computed beforehand. Decoding
+        transposes once per search instead of at every step: on an AVX2 CPU a
+        TensorFlow matmul by a transposed operand took 17 ms for 128 x 256 x
+        8000, by a materialized one 10 ms.
+        """
+        kernel = self.transposed_kernel() if transposed_kernel is None else transposed_kernel
+        return ops.matmul(ops.cast(x, self.compute_dtype), kernel)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)
