@@ -554,8 +554,7 @@ def _make_monitor_class():
             if self._speed is not None:
                 logs["tokens_per_sec"] = self._speed
             args = self.run.args
-            if args.time_budget is not None and self.run.training_seconds() >= 60.0 * args.time_budget:
-                self.out_of_time = True
+            self.out_of_time = self.out_of_time or self.run.out_of_time()
             last = self.step >= self.total_steps or self.out_of_time
             if self.run.is_chief and (self._crossed(previous, args.log_every) or last):
                 self._log_step(loss, float(logs.get("accuracy", float("nan"))), sequences, tokens, lr)
@@ -646,6 +645,11 @@ class _Run:
         if self.train_start is None:
             return self.trained_seconds
         return self.trained_seconds + time.perf_counter() - self.train_start
+
+    def out_of_time(self):
+        """Whether the run has used up its `--time-budget` (never without one)."""
+        budget = self.args.time_budget
+        return budget is not None and self.training_seconds() >= 60.0 * budget
 
     def path(self, *parts):
         return os.path.join(self.out_dir, *parts)
@@ -1204,7 +1208,7 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
                 model.load_weights(weights)
             print(f"resumed from step {start_step}", flush=True)
             logger.info("Resumed %s from step %d (%s)", run.run_dir, start_step, weights)
-        budget_spent = args.time_budget is not None and run.trained_seconds >= 60.0 * args.time_budget
+        budget_spent = run.out_of_time()  # before training: the earlier processes' time alone
         to_train = start_step < total_steps and not budget_spent
         if to_train:
             # Rows of the epoch about to be redone are rewritten; checkpoints past the
