@@ -203,19 +203,16 @@ class Transformer(keras.Model):
         """
         y = self.target_embedding(target_ids)
         y = self.target_positions(y, start_index=cache_index, positions=positions)
-        output_kernel = cache.get("output_kernel")
-        y, new_cache = self.decoder(
+        y, cache = self.decoder(
             y,
             memory,
             memory_padding_mask=ops.not_equal(source_ids, PAD_ID),
-            cache={key: value for key, value in cache.items() if key != "output_kernel"},
+            cache=cache,
             cache_index=cache_index,
             self_attention_mask=self_attention_mask,
             training=False,
         )
-        if output_kernel is not None:
-            new_cache["output_kernel"] = output_kernel
-        return self._logits(y, transposed_kernel=output_kernel), new_cache
+        return self._logits(y, transposed_kernel=cache.get("output_kernel")), cache
 
     # Training setup --------------------------------------------------------------------
 

@@ -241,7 +241,9 @@ class Decoder(TransformerStack):
         if return_attention_scores:
             results += ({"self": self_weights, "cross": cross_weights},)
         if cache is not None:
-            results += ({"self": new_self_cache, "cross": cache["cross"]},)
+            # Only the self-attention entries change; the rest ("cross", and
+            # anything a caller keeps beside them) passes through.
+            results += ({**cache, "self": new_self_cache},)
         return results[0] if len(results) == 1 else results
 
     def compute_output_shape(self, inputs_shape, memory_shape=None):
