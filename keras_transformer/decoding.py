@@ -21,9 +21,9 @@ Public API:
   over int32 `source_ids [None, None]`, ready for a SavedModel.
 - `length_penalty(length, alpha)`.
 
-Everything runs as one TensorFlow graph: a `tf.while_loop` whose loop
-variables keep a fixed shape, so the search can be exported in a SavedModel
-and compiled with XLA (`jit_compile=True`). Called eagerly, the functions
+Everything runs as one TensorFlow graph: a `tf.while_loop` (whose loop
+variables keep a fixed shape under XLA), so the search can be exported in a
+SavedModel and compiled with XLA (`jit_compile=True`). Called eagerly, the functions
 build (once per model and options) and run such a graph.
 
 Shape letters: B batch, K beam size, S source length, L output buffer length
@@ -35,13 +35,16 @@ once and the cross-attention keys/values are projected once per sentence
 hypotheses' last tokens to `model.decode_step` side by side, as K "positions"
 of their sentence (`[B, K]`, all at output position i): the K queries attend
 to the sentence's one copy of the source, and their self-attention
-keys/values fill K new slots of a preallocated `[B, N, L*K, H]` cache (slot
-`i*K + k` holds step i of the hypothesis that was k-th at step i). The cache
-is written by a scatter of the K new slots (in place under XLA) and never
-reordered when beams change: each hypothesis
-keeps its ancestry (`[B, K, L]`, the slot of each of its earlier steps), and
-a mask lets it see only those slots. `use_cache=False` is the slow reference
-that reruns `model.decode` over the whole prefix at every step.
+keys/values fill K new slots of the cache (slot `i*K + k` holds step i of
+the hypothesis that was k-th at step i). Under XLA the cache is preallocated
+(`[B, N, L*K, H]`, static shapes) and written in place; in a plain graph
+(eager calls, SavedModel, TF Serving) it starts empty and grows by K slots
+per step, so a step copies and attends over the slots in use only, not the
+whole buffer. The cache is never reordered when beams change: each
+hypothesis keeps its ancestry (`[B, K, L]`, the slot of each of its earlier
+steps), and a mask lets it see only those slots. `use_cache=False` is the
+slow reference that reruns `model.decode` over the whole prefix at every
+step.
 
 The model only needs `encode`, `decode`, `init_cache` and `decode_step` (see
 `keras_transformer.model.Transformer`), so tests can pass a stand-in.
@@ -266,7 +269,7 @@ def _greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_
         tf.zeros([batch_size], tf.bool),  # done [B]
         step.initial_state,
     )
-    _, token_ids, scores, _, _ = tf.while_loop(cond, body, loop_vars)
+    _, token_ids, scores, _, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=_shape_invariants(loop_vars, step))
     return token_ids, scores
 
 
@@ -361,7 +364,7 @@ def _beam_search_graph(
         tf.zeros([batch_size], tf.bool),  # done [B]
         step.initial_state,
     )
-    outputs = tf.while_loop(cond, body, loop_vars)
+    outputs = tf.while_loop(cond, body, loop_vars, shape_invariants=_shape_invariants(loop_vars, step))
     # A sentence ends at its length limit at the latest, where the whole new
     # beam finishes: every sentence has finished hypotheses.
     return outputs[3], outputs[4]
@@ -375,11 +378,12 @@ def _beam_search_graph(
 class _CachedStep:
     """Feeds the K hypotheses of each sentence to `model.decode_step` side by side.
 
-    State: `(self_attention_cache, ancestry)`. The cache has `L*K` slots per
-    sentence, slot `j*K + k` written at step j by the hypothesis then k-th in
-    the beam; `ancestry [B, K, L]` holds, for each hypothesis, the beam index
-    its prefix had at each earlier step, so hypothesis k at step i sees slots
-    `j*K + ancestry[k, j]` for j < i and `i*K + k` (its own step).
+    State: `(self_attention_cache, ancestry)`. Slot `j*K + k` of the cache is
+    written at step j by the hypothesis then k-th in the beam; `ancestry
+    [B, K, L]` holds, for each hypothesis, the beam index its prefix had at
+    each earlier step, so hypothesis k at step i sees slots
+    `j*K + ancestry[k, j]` for j < i and `i*K + k` (its own step). Under XLA
+    the cache has all `L*K` slots from the start; otherwise it grows.
     """
 
     def __init__(self, model, memory, source_ids, buffer_length, bos_id, beam_size):
@@ -389,21 +393,38 @@ class _CachedStep:
         self.buffer_length = buffer_length
         self.memory = memory  # [B, S, D]: one copy per sentence, shared by its hypotheses
         self.source_ids = source_ids
-        cache = model.init_cache(memory, buffer_length * beam_size)  # cross K/V computed once
+        # XLA needs static shapes: one preallocated buffer written in place.
+        # A plain graph appends K slots per step instead of copying the buffer.
+        self.growing = not _compiling_with_xla()
+        slots = 0 if self.growing else buffer_length * beam_size
+        cache = model.init_cache(memory, slots)  # cross K/V computed once
         self.invariant = {key: value for key, value in cache.items() if key != "self"}  # "cross", ...
         ancestry = tf.zeros([tf.shape(source_ids)[0], beam_size, buffer_length], tf.int32)
         self.initial_state = (cache["self"], ancestry)
 
+    @property
+    def state_shape_invariants(self):
+        """A growing cache's slot axis (2) changes from step to step."""
+        def invariant(tensor):
+            shape = tensor.shape.as_list()
+            if self.growing and len(shape) == 4:
+                shape[2] = None
+            return tf.TensorShape(shape)
+
+        return tf.nest.map_structure(invariant, self.initial_state)
+
     def __call__(self, i, token_ids, state):
         """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state)."""
         self_cache, ancestry = state
-        k, length = self.beam_size, self.buffer_length
+        k = self.beam_size
         previous = tf.gather(token_ids, tf.maximum(i - 1, 0), axis=2)  # [B, K]
         previous = tf.where(i > 0, previous, self.bos_id)
-        steps = tf.range(length)  # [L]
+        steps = tf.range(self.buffer_length)  # [L]
         ancestry = tf.where(tf.equal(steps, i), tf.range(k)[:, None], ancestry)  # [B, K, L]
-        visible = tf.equal(ancestry[..., None], tf.range(k)) & (steps <= i)[:, None]  # [B, K, L, K]
-        mask = tf.reshape(visible, [tf.shape(ancestry)[0], k, length * k])  # [B, K, L*K]
+        # The slots of steps 0..i: all L*K of a preallocated cache (later ones masked).
+        seen = i + 1 if self.growing else self.buffer_length  # L'
+        visible = tf.equal(ancestry[:, :, :seen, None], tf.range(k)) & (steps[:seen] <= i)[:, None]  # [B, K, L', K]
+        mask = tf.reshape(visible, [tf.shape(ancestry)[0], k, seen * k])  # [B, K, L'*K]
         logits, cache = self.model.decode_step(
             previous,
             self.memory,
@@ -426,6 +447,7 @@ class _UncachedStep:
     """Reference: reruns `model.decode` over the whole prefix at every step; no state."""
 
     initial_state = ()
+    state_shape_invariants = ()
 
     def __init__(self, model, memory, source_ids, buffer_length, bos_id, beam_size):
         self.model = model
@@ -457,6 +479,20 @@ def _make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, b
 # ----------------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------------
+
+
+def _shape_invariants(loop_vars, step):
+    """Every loop variable keeps its shape, except what the step's state lets change."""
+    return tf.nest.map_structure(lambda tensor: tensor.shape, loop_vars[:-1]) + (step.state_shape_invariants,)
+
+
+def _compiling_with_xla():
+    """True while tracing a function that XLA compiles (`jit_compile=True`)."""
+    from tensorflow.python.ops import control_flow_util  # no public equivalent
+
+    return not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(
+        tf.compat.v1.get_default_graph()
+    )
 
 
 def _output_limits(model, source_ids, max_length, max_extra_length=EXTRA_OUTPUT_LENGTH):

@@ -113,7 +113,7 @@ def test_self_attention_cache_equals_full_pass():
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_cache_write_slices_under_xla_and_scatters_in_plain_graphs(jit_compile):
+def test_cache_write_slices_under_xla_and_concatenates_in_plain_graphs(jit_compile):
     import tensorflow as tf
 
     rng = np.random.default_rng(4)
@@ -127,7 +127,47 @@ def test_cache_write_slices_under_xla_and_scatters_in_plain_graphs(jit_compile):
     op_types = {op.type for op in graph.get_operations()}
     # A plain graph (what a SavedModel holds for TF Serving) must not need XLA ops.
     assert ("XlaDynamicUpdateSlice" in op_types) == jit_compile
-    assert ("TensorScatterUpdate" in op_types) != jit_compile
+    assert ("ConcatV2" in op_types) != jit_compile
+    assert "TensorScatterUpdate" not in op_types
+
+
+def test_growing_self_attention_cache_equals_full_pass():
+    """Outside XLA a cache of exactly `cache_index` positions grows: decoding can start from an empty one."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    full = np.asarray(layer(x, use_causal_mask=True))
+
+    @tf.function(autograph=False)  # a plain graph, as in a SavedModel
+    def step(inputs, cache, index):
+        return layer(inputs, use_causal_mask=True, cache=cache, cache_index=index)
+
+    cache = layer.init_cache(2, 0)
+    _, cache = step(x[:, :2], cache, tf.constant(0))  # two steps at once, then one by one
+    assert cache[0].shape == (2, 2, 2, 4)
+    outputs = []
+    for t in range(2, 5):
+        out, cache = step(x[:, t:t + 1], cache, tf.constant(t))
+        outputs.append(out)
+    assert cache[0].shape == (2, 2, 5, 4) and cache[1].shape == (2, 2, 5, 4)
+    np.testing.assert_allclose(np.concatenate(outputs, 1), full[:, 2:], atol=1e-5)
+
+
+def test_xla_cache_write_without_room_is_refused():
+    import tensorflow as tf
+
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.zeros((1, 2, 8), "float32")
+    layer(x)
+
+    @tf.function(jit_compile=True)
+    def step(inputs):
+        return layer(inputs, use_causal_mask=True, cache=layer.init_cache(1, 3), cache_index=2)
+
+    with pytest.raises(ValueError, match="no room for positions 2..3"):
+        step(x)
 
 
 def test_positional_encoding_equals_paper_formula_at_any_length():

@@ -22,7 +22,8 @@ def _slice_update_available():
     """False only for TensorFlow code that is not being compiled by XLA.
 
     TensorFlow's dynamic-update-slice op is an XLA op: plain graphs (and TF
-    Serving) must use a scatter instead. Other backends always have it.
+    Serving) write the cache another way (`_write_cache`). Other backends
+    always have it.
     """
     if keras.backend.backend() != "tensorflow":
         return True
@@ -60,7 +61,9 @@ class MultiHeadAttention(keras.layers.Layer):
       `[B, N, S_max, H]`, preallocated by `init_cache`. The keys and values of
       the query positions `[cache_index, cache_index + T)` are written into it
       and the queries attend over the whole cache (positions after the
-      current one are masked by `use_causal_mask`).
+      current one are masked by `use_causal_mask`). Outside XLA the cache may
+      also hold exactly `cache_index` positions: it then grows by T
+      (`init_cache(batch_size, 0)` starts an empty one).
     - cross-attention: `cache=(keys, values)` from `compute_key_value(memory)`,
       the projected encoder output, computed once per source sentence.
 
@@ -235,19 +238,25 @@ class MultiHeadAttention(keras.layers.Layer):
     def _write_cache(cache, update, index):
         """Writes `update [B, N, T, H]` at positions [index, index + T) of `cache [B, N, S, H]`.
 
-        Only the T new rows are written, never the whole cache: a
-        dynamic-update-slice where one is available (XLA does it in place, 6x
-        faster than a scatter), otherwise a scatter, a core op that plain
-        TensorFlow graphs and TF Serving run.
+        Where a dynamic-update-slice is available (XLA, other backends), it
+        writes the T new rows in place; the cache must then have room for
+        them. Otherwise (a plain TensorFlow graph, as in a SavedModel or TF
+        Serving) the rows before `index`, the update and the rows after it
+        are concatenated: a cache of exactly `index` rows grows by T, which
+        lets graph-mode decoding start from an empty cache and only ever
+        copy and attend over the rows in use.
         """
         update = ops.cast(update, cache.dtype)
         if _slice_update_available():
+            rows, steps = cache.shape[2], update.shape[2]
+            if isinstance(index, int) and rows is not None and steps is not None and index + steps > rows:
+                raise ValueError(
+                    f"A self-attention cache of {rows} positions has no room for positions "
+                    f"{index}..{index + steps - 1}: preallocate it with `init_cache`."
+                )
             return ops.slice_update(cache, (0, 0, index, 0), update)
-        shape = ops.shape(update)
-        batch, heads, steps = shape[0], shape[1], shape[2]
-        b, n, t = ops.meshgrid(ops.arange(batch), ops.arange(heads), ops.arange(steps) + index, indexing="ij")
-        indices = ops.stack([b, n, t], axis=-1)  # [B, N, T, 3]
-        return ops.scatter_update(cache, indices, update)
+        steps = ops.shape(update)[2]
+        return ops.concatenate([cache[:, :, :index], update, cache[:, :, index + steps :]], axis=2)
 
     def call(
         self,

@@ -138,7 +138,8 @@ class Decoder(TransformerStack):
 
     For incremental decoding, `init_cache(memory, max_length)` returns
     `{"self": [...], "cross": [...]}`, one `(keys, values)` pair per layer:
-    preallocated self-attention slots and the encoder output projected once.
+    preallocated self-attention slots (outside XLA, `max_length=0` gives
+    empty ones that grow by T per call) and the encoder output projected once.
     `call(..., cache=cache, cache_index=i)` then decodes steps
     `i .. i + T - 1` and returns `(outputs, new_cache)`.
 
@@ -204,8 +205,10 @@ class Decoder(TransformerStack):
             if padding_mask is not None:
                 self_mask = ops.logical_and(self_mask, ops.cast(padding_mask, "bool")[:, None, :])
         else:
-            max_length = ops.shape(cache["self"][0][0])[2]
-            self_mask = causal_mask(length, max_length, offset=cache_index)
+            # Keys after the write: the preallocated slots, or a growing
+            # cache's `cache_index + T` (see MultiHeadAttention).
+            key_length = ops.maximum(ops.shape(cache["self"][0][0])[2], cache_index + length)
+            self_mask = causal_mask(length, key_length, offset=cache_index)
         memory_mask = None
         if memory_padding_mask is not None:
             memory_mask = ops.cast(memory_padding_mask, "bool")[:, None, :]
