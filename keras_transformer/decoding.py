@@ -404,14 +404,16 @@ class _CachedStep:
 
     @property
     def state_shape_invariants(self):
-        """A growing cache's slot axis (2) changes from step to step."""
-        def invariant(tensor):
+        """The state keeps its shapes, except the slot axis of a growing cache."""
+        self_cache, ancestry = self.initial_state
+
+        def slots_vary(tensor):  # [B, N, slots, H]
             shape = tensor.shape.as_list()
-            if self.growing and len(shape) == 4:
-                shape[2] = None
+            shape[2] = None
             return tf.TensorShape(shape)
 
-        return tf.nest.map_structure(invariant, self.initial_state)
+        cache_shapes = tf.nest.map_structure(slots_vary if self.growing else (lambda t: t.shape), self_cache)
+        return cache_shapes, ancestry.shape
 
     def __call__(self, i, token_ids, state):
         """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state)."""

@@ -171,6 +171,8 @@ class Transformer(keras.Model):
     def init_cache(self, memory, max_length):
         """Cache for decoding up to `max_length` steps against `memory`.
 
+        Outside XLA, `max_length=0` gives an empty self-attention cache that
+        grows with each `decode_step` (what graph-mode beam search uses).
         The decoder's self- and cross-attention caches (`Decoder.init_cache`)
         and `"output_kernel"`, the pre-softmax matrix transposed once for the
         whole search (`SharedEmbedding.project`).
@@ -193,8 +195,9 @@ class Transformer(keras.Model):
             positions: int `[T]`, the inputs' positions in the output sequence
                 (§3.5); default the cache slots. Beam search feeds the K
                 hypotheses of step i side by side (T = K, all at position i).
-            self_attention_mask: bool `[B, T, max_length]`, the cache slots
-                each input may attend to; default the look-ahead mask (§3.2.3)
+            self_attention_mask: bool `[B, T, slots]`, the cache slots each
+                input may attend to (slots: `max_length`, or `cache_index + T`
+                for a growing cache); default the look-ahead mask (§3.2.3)
                 from `cache_index`.
 
         Returns:

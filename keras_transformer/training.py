@@ -1346,7 +1346,11 @@ def add_training_arguments(parser, defaults=None):
     model.add_argument("--preset", choices=("tiny", "small", "base", "big"), default=d.preset,
                        help=f"model size (TransformerConfig preset; default {d.preset})")
     for flag, field, kind, text in _CONFIG_FLAGS:
-        model.add_argument(flag, dest=f"config_{field}", type=kind, default=None, metavar=field.upper(), help=text)
+        # A caller's defaults may override the preset (the demo: dropout 0).
+        default = d.overrides.get(field)
+        if default is not None:
+            text += f"; default here {default}"
+        model.add_argument(flag, dest=f"config_{field}", type=kind, default=default, metavar=field.upper(), help=text)
     model.add_argument("--norm-first", dest="config_norm_first", action=argparse.BooleanOptionalAction,
                        default=None, help="pre-LN instead of the paper's post-LN")
     model.add_argument("--share-embeddings", dest="config_share_embeddings",

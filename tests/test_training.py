@@ -428,6 +428,23 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
         assert report["export_path"] and os.path.isdir(report["export_path"])
 
 
+def test_demo_trains_without_dropout_unless_asked():
+    """The demo's own defaults reach the model config, and the command line still overrides them."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("train_multi30k", ROOT / "examples" / "train_multi30k.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    parser = example.build_parser()
+    demo = training.args_from_namespace(parser.parse_args([]))
+    assert demo.model_config().dropout == 0.0 and demo.time_budget == 27.5 and demo.precision == "auto"
+    assert training.args_from_namespace(parser.parse_args(["--dropout", "0.1"])).model_config().dropout == 0.1
+    assert "default here 0.0" in parser.format_help()
+    # The library and the CLI keep the paper's P_drop = 0.1 (§5.4).
+    cli = training.add_training_arguments(argparse.ArgumentParser())
+    assert training.args_from_namespace(cli.parse_args([])).model_config().dropout == 0.1
+
+
 def test_wmt14_example_has_the_papers_recipes(capsys):
     spec = importlib.util.spec_from_file_location("train_wmt14", ROOT / "examples" / "train_wmt14.py")
     example = importlib.util.module_from_spec(spec)
