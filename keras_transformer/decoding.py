@@ -269,7 +269,8 @@ def _greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_
         tf.zeros([batch_size], tf.bool),  # done [B]
         step.initial_state,
     )
-    _, token_ids, scores, _, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=_shape_invariants(loop_vars, step))
+    invariants = _shape_invariants(loop_vars, step)
+    _, token_ids, scores, _, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
     return token_ids, scores
 
 

@@ -115,9 +115,10 @@ class Translator(tf.Module):
             progress: show a progress bar on stderr.
             return_scores: also return the list of scores.
             workers: batches decoded at the same time (threads). A decoding
-                step is a chain of small ops that leaves cores idle: on 2
-                cores, two batches in flight translated test2016 in 22-24 s
-                instead of 27-29 s. Results do not depend on it.
+                step is a chain of small ops that leaves cores idle: on a
+                2-core AVX512 machine, two batches in flight translated
+                test2016 in 22-24 s instead of 27-29 s. Results do not
+                depend on it.
         """
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive integer, got {workers!r}.")
