@@ -218,7 +218,9 @@ def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm
     same command again finds the budget spent (time is counted across processes)."""
     import keras
 
-    budget_seconds, pace = 8.0, 0.4  # the first step (tracing) takes a few seconds
+    # The first step (tracing) takes a few seconds, on a slow machine more than
+    # the whole budget: then training stops after that one step.
+    budget_seconds, pace = 10.0, 0.4
     options = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
                    warmup_steps=4, checkpoint_every=1000, log_every=1000, verbose=0, overrides=TINY_NET,
                    max_steps=100_000, time_budget=budget_seconds / 60, average_last=2)
@@ -230,7 +232,7 @@ def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm
 
     first = training.train(training.TrainingArgs(output=str(run_dir), **options), callbacks=[SlowSteps()])
     out = capsys.readouterr().out
-    assert 2 <= first.step <= budget_seconds / pace + 1, first.step
+    assert 1 <= first.step <= budget_seconds / pace + 1, first.step
     assert f"reached at step {first.step}" in out
     assert [s for s, _ in training.list_checkpoints(run_dir)] == [first.step]
     state = json.loads((run_dir / "backup" / "state.json").read_text())
