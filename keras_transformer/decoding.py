@@ -55,6 +55,8 @@ import weakref
 
 import tensorflow as tf
 
+from keras_transformer.layers.attention import in_place_cache_writes
+
 PAD_ID = 0
 # Start and end ids default to the tokenizer's (keras_transformer.tokenizer):
 # BOS_ID = 2, EOS_ID = 3.
@@ -396,7 +398,8 @@ class _CachedStep:
         self.source_ids = source_ids
         # XLA needs static shapes: one preallocated buffer written in place.
         # A plain graph appends K slots per step instead of copying the buffer.
-        self.growing = not _compiling_with_xla()
+        # The attention layers' own test decides, so both always agree.
+        self.growing = not in_place_cache_writes()
         slots = 0 if self.growing else buffer_length * beam_size
         cache = model.init_cache(memory, slots)  # cross K/V computed once
         self.invariant = {key: value for key, value in cache.items() if key != "self"}  # "cross", ...
@@ -487,15 +490,6 @@ def _make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, b
 def _shape_invariants(loop_vars, step):
     """Every loop variable keeps its shape, except what the step's state lets change."""
     return tf.nest.map_structure(lambda tensor: tensor.shape, loop_vars[:-1]) + (step.state_shape_invariants,)
-
-
-def _compiling_with_xla():
-    """True while tracing a function that XLA compiles (`jit_compile=True`)."""
-    from tensorflow.python.ops import control_flow_util  # no public equivalent
-
-    return not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(
-        tf.compat.v1.get_default_graph()
-    )
 
 
 def _output_limits(model, source_ids, max_length, max_extra_length=EXTRA_OUTPUT_LENGTH):

@@ -18,12 +18,13 @@ from keras import ops
 _MASK_LOGIT = -1e9
 
 
-def _slice_update_available():
-    """False only for TensorFlow code that is not being compiled by XLA.
+def in_place_cache_writes():
+    """Whether `MultiHeadAttention` writes a self-attention cache in place.
 
-    TensorFlow's dynamic-update-slice op is an XLA op: plain graphs (and TF
-    Serving) write the cache another way (`_write_cache`). Other backends
-    always have it.
+    False only for TensorFlow code that is not being compiled by XLA: there
+    the cache is concatenated and may grow (see `_write_cache`), which is
+    what beam search relies on to start from an empty cache. (TensorFlow's
+    dynamic-update-slice is an XLA op; other backends always have one.)
     """
     if keras.backend.backend() != "tensorflow":
         return True
@@ -247,7 +248,7 @@ class MultiHeadAttention(keras.layers.Layer):
         copy and attend over the rows in use.
         """
         update = ops.cast(update, cache.dtype)
-        if _slice_update_available():
+        if in_place_cache_writes():
             rows, steps = cache.shape[2], update.shape[2]
             if isinstance(index, int) and rows is not None and steps is not None and index + steps > rows:
                 raise ValueError(
