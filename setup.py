@@ -14,7 +14,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
-    package_data={"keras_transformer": ["datasets/*/*.gz", "datasets/*/README.md"]},
+    package_data={"keras_transformer": ["data/*/*.gz", "data/*/README.md"]},
     install_requires=[
         # tensorflow-text ships compiled ops for one TensorFlow minor version only.
         "tensorflow~=2.21.0",

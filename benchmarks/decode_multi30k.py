@@ -23,9 +23,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from keras_transformer import datasets, decoding  # noqa: E402
-from keras_transformer.training import load_run  # noqa: E402
-from keras_transformer.translator import Translator  # noqa: E402
+from keras_transformer import decoding  # noqa: E402
+from keras_transformer.data import corpora  # noqa: E402
+from keras_transformer.run_dir import load_run  # noqa: E402
+from keras_transformer.inference.translator import Translator  # noqa: E402
 
 MODES = {
     "cached": dict(use_cache=True, jit_compile=False),
@@ -76,7 +77,7 @@ def main(argv=None):
 
     model, tokenizer = load_run(args.run_dir)
     translator = Translator(model, tokenizer)
-    sentences = datasets.read_lines("test2016", "en")
+    sentences = corpora.read_lines("test2016", "en")
     results = []
     print(f"load average at start: {open('/proc/loadavg').read().split()[:3]}")
     print("| mode | sentences | generated tokens | seconds | sentences/s | tokens/s |")

@@ -290,7 +290,7 @@ def ctranslate2_system(args, models, sentences, quantization, name, baseline, wo
             import ctranslate2
         except ImportError:
             raise common.Skip("ctranslate2 is not installed (pip install -e '.[bench]')")
-        from keras_transformer.export_ctranslate2 import default_vocabulary, export_ctranslate2
+        from keras_transformer.inference.ctranslate2 import default_vocabulary, export_ctranslate2
 
         model = models.get("float32")
         path = os.path.join(workdir, f"ct2_{quantization or 'float32'}")

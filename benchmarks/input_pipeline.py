@@ -43,8 +43,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf  # noqa: E402
 
-from keras_transformer import data, datasets  # noqa: E402
-from keras_transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer  # noqa: E402
+from keras_transformer import data  # noqa: E402
+from keras_transformer.data import corpora  # noqa: E402
+from keras_transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer  # noqa: E402
 
 
 def naive_batches(dataset, tokenizer, batch_size, max_length, seed=0):
@@ -94,7 +95,7 @@ def main(argv=None):
     if args.tokenizer:
         tokenizer = Tokenizer(args.tokenizer)
     else:
-        texts = datasets.read_lines("train", "en") + datasets.read_lines("train", "de")
+        texts = corpora.read_lines("train", "en") + corpora.read_lines("train", "de")
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             tokenizer = train_tokenizer(texts, os.path.join(tmp, "spm"), vocab_size=args.vocab_size)
@@ -102,7 +103,7 @@ def main(argv=None):
         print(f"Vocabulary: joint BPE, {tokenizer.vocab_size} ids, trained on {len(texts)} lines "
               f"(Multi30k train en+de) in {elapsed:.2f} s")
 
-    train = datasets.load_multi30k("train", "en", "de")
+    train = corpora.load_multi30k("train", "en", "de")
     common = dict(batch_tokens=args.batch_tokens, max_length=args.max_length, num_replicas=1)
     fine = data.default_bucket_boundaries(args.max_length, min_length=1, multiple=1)
     variants = [

@@ -30,10 +30,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from keras_transformer import datasets, training  # noqa: E402
-from keras_transformer.evaluation import corpus_scores, format_scores  # noqa: E402
-from keras_transformer.export import export_saved_model  # noqa: E402
-from keras_transformer.translator import Translator  # noqa: E402
+from keras_transformer import training  # noqa: E402
+from keras_transformer.cli import train as train_cli  # noqa: E402
+from keras_transformer.data import corpora  # noqa: E402
+from keras_transformer.inference.evaluation import corpus_scores, format_scores  # noqa: E402
+from keras_transformer.inference.saved_model import export_saved_model  # noqa: E402
+from keras_transformer.inference.translator import Translator  # noqa: E402
 
 # Defaults of the demo. Preset "small" (3 layers, d_model 256, 7.6M parameters)
 # with a vocabulary of 8000 on 4096-token Multi30k batches (~3300 target tokens
@@ -81,7 +83,7 @@ def build_parser():
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    training.add_training_arguments(parser, DEMO_DEFAULTS)
+    train_cli.add_training_arguments(parser, DEMO_DEFAULTS)
     evaluation = parser.add_argument_group("evaluation and export")
     evaluation.add_argument("--eval-split", default="test2016", help="Multi30k split to score (default test2016)")
     evaluation.add_argument("--eval-limit", type=int, default=None,
@@ -98,7 +100,7 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     namespace = parser.parse_args(argv)
-    args = training.args_from_namespace(namespace)
+    args = train_cli.args_from_namespace(namespace)
 
     started = time.perf_counter()
     result = training.train(args)
@@ -107,8 +109,8 @@ def main(argv=None):
         print("Training diverged (NaN loss); not evaluating.")
         return {"stopped_on_nan": True}
 
-    sources = datasets.read_lines(namespace.eval_split, args.src)
-    references = datasets.read_lines(namespace.eval_split, args.tgt)
+    sources = corpora.read_lines(namespace.eval_split, args.src)
+    references = corpora.read_lines(namespace.eval_split, args.tgt)
     if namespace.eval_limit:
         sources, references = sources[: namespace.eval_limit], references[: namespace.eval_limit]
     print(f"\nTranslating {len(sources)} sentences of Multi30k {namespace.eval_split} "

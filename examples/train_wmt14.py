@@ -45,7 +45,7 @@ The same run with the command line tool:
 Run the same command again after an interruption: training continues from
 the last checkpoint (the streamed data is reshuffled, not replayed). After
 training, the averaged model translates newstest2014 (vendored in
-keras_transformer/datasets, 3003 sentences) and the scores are printed.
+keras_transformer/data/newstest2014, 3003 sentences) and the scores are printed.
 Mixed precision ("mixed_float16" on V100/T4, "mixed_bfloat16" on A100/H100)
 and --xla are optional speed-ups the paper did not use.
 """
@@ -59,6 +59,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from keras_transformer import training  # noqa: E402
+from keras_transformer.cli import train as train_cli  # noqa: E402
 
 COMMON = dict(
     data="tfds:wmt14_translate/de-en",
@@ -92,7 +93,7 @@ def build_parser(recipe):
     )
     parser.add_argument("--recipe", choices=sorted(RECIPES), default=recipe,
                         help="the paper's base or big configuration (default base)")
-    training.add_training_arguments(parser, RECIPES[recipe])
+    train_cli.add_training_arguments(parser, RECIPES[recipe])
     extra = parser.add_argument_group("evaluation")
     extra.add_argument("--dry-run", action="store_true", help="print the configuration and exit")
     extra.add_argument("--eval-only", action="store_true", help="only translate and score newstest2014")
@@ -105,11 +106,11 @@ def build_parser(recipe):
 
 def evaluate_newstest2014(run_dir, src, tgt, beam, alpha, batch_size, limit=None):
     """Translates newstest2014 with the run's final model (§6.1 decoding) and scores it."""
-    from keras_transformer import datasets
-    from keras_transformer.evaluation import corpus_scores, format_scores
-    from keras_transformer.translator import Translator
+    from keras_transformer.data import corpora
+    from keras_transformer.inference.evaluation import corpus_scores, format_scores
+    from keras_transformer.inference.translator import Translator
 
-    sources, references = datasets.read_newstest2014(src), datasets.read_newstest2014(tgt)
+    sources, references = corpora.read_newstest2014(src), corpora.read_newstest2014(tgt)
     if limit:
         sources, references = sources[:limit], references[:limit]
     translator = Translator.from_run_dir(run_dir, beam_size=beam, alpha=alpha, max_extra_length=50)
@@ -133,7 +134,7 @@ def main(argv=None):
     recipe.add_argument("--recipe", choices=sorted(RECIPES), default="base")
     chosen = recipe.parse_known_args(argv)[0].recipe
     namespace = build_parser(chosen).parse_args(argv)
-    args = training.args_from_namespace(namespace)
+    args = train_cli.args_from_namespace(namespace)
 
     if namespace.dry_run:
         config = args.model_config()

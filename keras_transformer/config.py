@@ -36,7 +36,10 @@ class TransformerConfig:
         d_ff: inner width of the position-wise feed-forward network (§3.3).
         key_dim: d_k, per-head width of queries and keys. Default
             `d_model // num_heads` (§3.2.2).
-        value_dim: d_v, per-head width of values. Default `key_dim`.
+        value_dim: d_v, per-head width of values. Default
+            `d_model // num_heads` (§3.2.2), whatever `key_dim` is: Table 3
+            row (B) changes d_k alone (Keras's `MultiHeadAttention` would
+            default d_v to d_k instead).
         dropout: P_drop, residual dropout on every sublayer output and on the
             sums of embeddings and positional encodings (§5.4).
         attention_dropout: dropout on attention weights. The paper does not use
@@ -84,15 +87,16 @@ class TransformerConfig:
             raise ValueError(
                 f"TransformerConfig.vocab_size must be at least 4 (pad, unk, start, end), got {self.vocab_size}."
             )
-        if self.key_dim is None:
+        # d_k = d_v = d_model / h (§3.2.2), each unless given: Table 3 row (B) sets d_k alone.
+        for name in ("key_dim", "value_dim"):
+            if getattr(self, name) is not None:
+                continue
             if self.d_model % self.num_heads:
                 raise ValueError(
                     f"TransformerConfig: d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-                    "give key_dim (and value_dim) explicitly or change one of them."
+                    f"give {name} explicitly or change one of them."
                 )
-            self.key_dim = self.d_model // self.num_heads
-        if self.value_dim is None:
-            self.value_dim = self.key_dim
+            setattr(self, name, self.d_model // self.num_heads)
         for name in ("key_dim", "value_dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

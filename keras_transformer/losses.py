@@ -20,9 +20,7 @@ import functools
 import keras
 from keras import ops
 
-from keras_transformer import distribute
-
-PAD_ID = 0
+from keras_transformer.special_ids import PAD_ID
 
 
 def _smoothed_token_loss(logits, labels, epsilon):
@@ -63,6 +61,23 @@ def _smoothed_token_loss_tf(logits, labels, epsilon):
     logits shape; bucketed batches have a few dozen.
     """
     return _xla_compiled_loss()(logits, labels, epsilon)
+
+
+def _sum_over_replicas(value):
+    """Sum of `value` over the replicas of the current `tf.distribute` strategy.
+
+    `value` itself outside a replica context, with one replica, or on another
+    backend. TensorFlow is imported here, not with the module: the model side
+    imports this module and must not need the pipeline's TensorFlow.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return value
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
 @functools.cache
@@ -119,7 +134,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             losses = losses * sample_weight
         # Keras sums the replicas' gradients: dividing each replica's sum by the
         # global count makes that sum the gradient of the global mean.
-        count = distribute.sum_over_replicas(ops.sum(weights))
+        count = _sum_over_replicas(ops.sum(weights))
         return ops.sum(losses) / ops.maximum(count, 1.0)
 
     def get_config(self):
@@ -130,8 +145,13 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 class MaskedAccuracy(keras.metrics.Mean):
     """Teacher-forced token accuracy over non-padding tokens.
 
-    A token counts as right when the logit of its label is the maximum: one
-    max-reduction instead of an argmax and a comparison.
+    A token counts as right when its label is the argmax of its logits, as in
+    `keras.metrics.SparseCategoricalAccuracy`: of tied maximal logits only
+    one is the prediction, the first index (what argmax returns on CPU and
+    under XLA, and the token greedy decoding's argmax picks). Comparing the
+    label's logit with the maximum instead counted every tied label right,
+    which overstated accuracy on bf16 logits, where ties are common. One
+    argmax-reduction over the logits, as cheap as the max it replaces.
     """
 
     def __init__(self, pad_id=PAD_ID, name="accuracy", **kwargs):
@@ -140,8 +160,8 @@ class MaskedAccuracy(keras.metrics.Mean):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         labels = ops.cast(y_true, "int32")
-        target_logit = ops.squeeze(ops.take_along_axis(y_pred, labels[..., None], axis=-1), axis=-1)
-        correct = ops.cast(target_logit >= ops.max(y_pred, axis=-1), "float32")
+        predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        correct = ops.cast(ops.equal(predictions, labels), "float32")
         weights = ops.cast(labels != self.pad_id, "float32")
         if sample_weight is not None:
             weights = weights * ops.cast(sample_weight, "float32")

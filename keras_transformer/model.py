@@ -18,7 +18,8 @@ from keras_transformer.layers import (
     PositionalEncoding,
     SharedEmbedding,
 )
-from keras_transformer.losses import PAD_ID, LabelSmoothedCrossEntropy, MaskedAccuracy
+from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+from keras_transformer.special_ids import PAD_ID
 from keras_transformer.optimization import create_optimizer
 
 

@@ -27,8 +27,8 @@ def tiny_run_dir(tmp_path_factory):
     model.keras): a SentencePiece vocabulary of 400 trained on 2000 Multi30k pairs and an
     untrained tiny Transformer with max_length 32. Cheap stand-in for a training run."""
     from keras_transformer import Transformer, TransformerConfig
-    from keras_transformer.datasets import read_lines
-    from keras_transformer.tokenizer import train_tokenizer
+    from keras_transformer.data.corpora import read_lines
+    from keras_transformer.data.tokenizer import train_tokenizer
 
     keras.utils.set_random_seed(0)
     path = tmp_path_factory.mktemp("run")

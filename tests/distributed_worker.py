@@ -71,10 +71,12 @@ def mirrored(run_dir, spm_model, steps=6):
     # The global batches both runs saw, and what each of the two replicas got.
     args = training.TrainingArgs(output=os.path.join(run_dir, "mirrored"), max_steps=steps, batch_multiple=2, **TINY)
     from keras_transformer import data
-    from keras_transformer.tokenizer import Tokenizer
+    from keras_transformer.data.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(spm_model)
-    stream = training._TrainingData(args, tokenizer, data.load_dataset("multi30k", "train"), 2, 32)
+    from keras_transformer.training.stream import TrainingData
+
+    stream = TrainingData(args, tokenizer, data.load_dataset("multi30k", "train"), 2, 32)
     per_epoch = stream.batches_per_epoch()
     replica_tokens = []
     for (_, _), labels in stream.stream(0, per_epoch).take(steps):
@@ -94,7 +96,8 @@ def mirrored(run_dir, spm_model, steps=6):
 
 
 def multiworker(run_dir, spm_model, steps=4):
-    from keras_transformer import distribute, training
+    from keras_transformer import training
+    from keras_transformer.training import strategy as distribute
 
     strategy = distribute.get_strategy()  # before anything else touches TensorFlow
     task = json.loads(os.environ["TF_CONFIG"])["task"]

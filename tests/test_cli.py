@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from keras_transformer import cli
-from keras_transformer.datasets import newstest2014_path, read_newstest2014
-from keras_transformer.evaluation import corpus_scores
+from keras_transformer.data.corpora import newstest2014_path, read_newstest2014
+from keras_transformer.inference.evaluation import corpus_scores
 
 
 def run_cli(argv, capsys, stdin=None, monkeypatch=None):
@@ -33,7 +33,7 @@ def test_translate_arguments_and_stdin(tiny_run_dir, capsys, monkeypatch):
 
 def test_translate_precision_and_early_stopping_options(tiny_run_dir, capsys):
     """--precision decodes under another dtype policy with the same weights; --early-stopping is accepted."""
-    from keras_transformer.training import load_run
+    from keras_transformer.run_dir import load_run
 
     model, _ = load_run(tiny_run_dir, dtype="mixed_bfloat16")
     assert model.dtype_policy.name == "mixed_bfloat16" and model.compute_dtype == "bfloat16"
@@ -99,7 +99,7 @@ def test_attention_command_draws_the_sentence_tokens(tiny_run_dir, capsys, tmp_p
     (figure,) = figures
     encoder_axis = figure.axes[0]
     labels = [label.get_text() for label in encoder_axis.get_xticklabels()]
-    from keras_transformer.translator import Translator
+    from keras_transformer.inference.translator import Translator
 
     tokenizer = Translator.from_run_dir(tiny_run_dir).tokenizer
     assert labels == tokenizer.pieces(tokenizer.encode(sentence)) + ["</s>"]

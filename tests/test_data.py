@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import data, datasets
-from keras_transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
+from keras_transformer import data
+from keras_transformer.data import corpora
+from keras_transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT_SPEC = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string))
@@ -28,7 +29,7 @@ TEXT_SPEC = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string))
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     """A small joint BPE vocabulary (1000) trained on 3000 + 3000 train lines."""
-    texts = datasets.read_lines("train", "en")[:3000] + datasets.read_lines("train", "de")[:3000]
+    texts = corpora.read_lines("train", "en")[:3000] + corpora.read_lines("train", "de")[:3000]
     return train_tokenizer(texts, tmp_path_factory.mktemp("spm") / "spm", vocab_size=1000)
 
 
@@ -76,22 +77,22 @@ MULTI30K_EXPECTED = {
 @pytest.mark.parametrize("split", sorted(MULTI30K_EXPECTED))
 def test_multi30k_counts_and_alignment(split):
     count, first, last = MULTI30K_EXPECTED[split]
-    en, de = datasets.read_lines(split, "en"), datasets.read_lines(split, "de")
+    en, de = corpora.read_lines(split, "en"), corpora.read_lines(split, "de")
     assert len(en) == len(de) == count
     assert (en[0], de[0]) == first
     assert (en[-1], de[-1]) == last
 
-    ds = datasets.load_multi30k(split, src="en", tgt="de")
+    ds = corpora.load_multi30k(split, src="en", tgt="de")
     assert ds.element_spec == TEXT_SPEC
     assert int(ds.cardinality()) == count
     assert _pairs(ds.take(1)) == [first]
     assert _pairs(ds.skip(count - 1)) == [last]
     # Other direction swaps the sides.
-    assert _pairs(datasets.load_multi30k(split, src="de", tgt="en").take(1)) == [first[::-1]]
+    assert _pairs(corpora.load_multi30k(split, src="de", tgt="en").take(1)) == [first[::-1]]
 
 
 def test_multi30k_quirks_are_normalized():
-    de = datasets.read_lines("train", "de")
+    de = corpora.read_lines("train", "de")
     # Line 7366 has a TAB inside the sentence; it becomes a single space.
     assert de[7365] == '"Zwei männliche und eine weibliche Person spielen in einer Wasserfontäne."'
     # 40 lines had leading/trailing spaces; all are stripped, none is empty.
@@ -100,12 +101,12 @@ def test_multi30k_quirks_are_normalized():
 
 
 def test_multi30k_files_are_gzip_in_package():
-    path = datasets.multi30k_path("val", "en")
-    assert path.endswith(os.path.join("datasets", "multi30k", "val.en.gz")) and os.path.exists(path)
+    path = corpora.multi30k_path("val", "en")
+    assert path.endswith(os.path.join("data", "multi30k", "val.en.gz")) and os.path.exists(path)
     with gzip.open(path, "rt", encoding="utf-8") as f:
         assert f.readline() == "A group of men are loading cotton onto a truck\n"
     for name in ("multi30k", "newstest2014"):
-        readme = os.path.join(os.path.dirname(datasets.__file__), name, "README.md")
+        readme = os.path.join(os.path.dirname(corpora.__file__), name, "README.md")
         assert os.path.exists(readme)
     readme = open(os.path.join(os.path.dirname(path), "README.md"), encoding="utf-8").read()
     assert "non-commercial" in readme and "Elliott" in readme
@@ -114,11 +115,11 @@ def test_multi30k_files_are_gzip_in_package():
 @pytest.mark.parametrize(
     "call, valid",
     [
-        (lambda: datasets.multi30k_path("test", "en"), "train, val, test2016"),
-        (lambda: datasets.load_multi30k("dev"), "train, val, test2016"),
-        (lambda: datasets.read_lines("val", "fr"), "en, de"),
-        (lambda: datasets.load_multi30k("train", src="fr"), "en, de"),
-        (lambda: datasets.newstest2014_path("cs"), "en, de"),
+        (lambda: corpora.multi30k_path("test", "en"), "train, val, test2016"),
+        (lambda: corpora.load_multi30k("dev"), "train, val, test2016"),
+        (lambda: corpora.read_lines("val", "fr"), "en, de"),
+        (lambda: corpora.load_multi30k("train", src="fr"), "en, de"),
+        (lambda: corpora.newstest2014_path("cs"), "en, de"),
     ],
 )
 def test_vendored_bad_split_or_language(call, valid):
@@ -127,14 +128,14 @@ def test_vendored_bad_split_or_language(call, valid):
 
 
 def test_newstest2014():
-    en, de = datasets.read_newstest2014("en"), datasets.read_newstest2014("de")
+    en, de = corpora.read_newstest2014("en"), corpora.read_newstest2014("de")
     assert len(en) == len(de) == 3003
     assert (en[0], de[0]) == ("Gutach: Increased safety for pedestrians",
                               "Gutach: Noch mehr Sicherheit für Fußgänger")
     assert en[-1].startswith("However, following the recent murder of Australian travel agent")
     assert de[-1].endswith("und es deshalb zu einem Freispruch kommt.")
-    assert datasets.newstest2014_path("de").endswith("newstest2014.de.gz")
-    assert int(datasets.load_newstest2014().cardinality()) == 3003
+    assert corpora.newstest2014_path("de").endswith("newstest2014.de.gz")
+    assert int(corpora.load_newstest2014().cardinality()) == 3003
 
 
 # ---------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def test_load_tfds_with_mock_data():
     with tfds.testing.mock_data(num_examples=6):
         ds = data.load_tfds("wmt14_translate/de-en", split="train", src="en", tgt="de")
         assert ds.element_spec == TEXT_SPEC
-        assert ds.element_spec == datasets.load_multi30k("val").element_spec
+        assert ds.element_spec == corpora.load_multi30k("val").element_spec
         pairs = list(ds.as_numpy_iterator())
         assert 0 < len(pairs) <= 6
         for source, target in pairs:
@@ -276,9 +277,9 @@ def _collect(batches, boundaries, batch_tokens, num_replicas=1):
 
 @pytest.mark.parametrize("pool_size", [None, 300])  # one pool / several pools per epoch
 def test_make_batches_epoch_is_complete_and_within_budget(tokenizer, pool_size):
-    pairs = list(zip(datasets.read_lines("val", "en"), datasets.read_lines("val", "de")))
+    pairs = list(zip(corpora.read_lines("val", "en"), corpora.read_lines("val", "de")))
     boundaries = data.default_bucket_boundaries(128)
-    batches = data.make_batches(datasets.load_multi30k("val"), tokenizer, batch_tokens=1280,
+    batches = data.make_batches(corpora.load_multi30k("val"), tokenizer, batch_tokens=1280,
                                 max_length=128, num_replicas=1, pool_size=pool_size)
     assert batches.element_spec == (
         (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32)),
@@ -292,7 +293,7 @@ def test_make_batches_epoch_is_complete_and_within_budget(tokenizer, pool_size):
 
 
 def test_make_batches_drops_or_truncates_long_pairs(tokenizer):
-    pairs = list(zip(datasets.read_lines("val", "en"), datasets.read_lines("val", "de")))[:300]
+    pairs = list(zip(corpora.read_lines("val", "en"), corpora.read_lines("val", "de")))[:300]
     ds = tf.data.Dataset.from_tensor_slices(tuple(map(list, zip(*pairs))))
     max_length, boundaries = 16, [8, 16]
 
@@ -312,7 +313,7 @@ def test_make_batches_drops_or_truncates_long_pairs(tokenizer):
 
 
 def test_make_batches_replica_multiple_and_drop_remainder(tokenizer):
-    ds = datasets.load_multi30k("test2016")
+    ds = corpora.load_multi30k("test2016")
     boundaries = data.default_bucket_boundaries(64)
     kwargs = dict(batch_tokens=768, max_length=64, seed=1)
     out = _collect(data.make_batches(ds, tokenizer, num_replicas=3, **kwargs), boundaries, 768, 3)
@@ -328,13 +329,13 @@ def test_make_batches_replica_multiple_and_drop_remainder(tokenizer):
     per_bucket = collections.Counter(
         min(b for b in boundaries if b >= max(len(s), len(t)))
         for s, t in _expected_examples(
-            zip(datasets.read_lines("test2016", "en"), datasets.read_lines("test2016", "de")),
+            zip(corpora.read_lines("test2016", "en"), corpora.read_lines("test2016", "de")),
             tokenizer, max_length=64))
     assert len(shapes) == sum(n // sizes[b] for b, n in per_bucket.items())
 
 
 def test_make_batches_is_deterministic_and_reshuffles(tokenizer):
-    ds = datasets.load_multi30k("test2016").take(400)
+    ds = corpora.load_multi30k("test2016").take(400)
 
     def epoch(batches):
         return [x[0].tolist() for x, _ in batches.as_numpy_iterator()]
@@ -355,7 +356,7 @@ def test_make_batches_is_deterministic_and_reshuffles(tokenizer):
 
 
 def test_make_batches_repeat(tokenizer):
-    ds = datasets.load_multi30k("val").take(50)
+    ds = corpora.load_multi30k("val").take(50)
     batches = data.make_batches(ds, tokenizer, batch_tokens=256, max_length=64, num_replicas=1,
                                 repeat=True, pool_size=1024)
     rows = sum(x[0].shape[0] for x, _ in batches.take(40).as_numpy_iterator())
@@ -363,7 +364,7 @@ def test_make_batches_repeat(tokenizer):
 
 
 def test_make_batches_rejects_bad_settings(tokenizer):
-    ds = datasets.load_multi30k("val")
+    ds = corpora.load_multi30k("val")
     with pytest.raises(ValueError, match="batch_tokens=100 is too small"):
         data.make_batches(ds, tokenizer, batch_tokens=100, max_length=128, num_replicas=1)
     with pytest.raises(ValueError, match="num_replicas=2"):
@@ -385,7 +386,7 @@ def test_default_bucket_boundaries():
 
 
 def test_token_budget_stats(tokenizer):
-    batches = data.make_batches(datasets.load_multi30k("val"), tokenizer, batch_tokens=1024,
+    batches = data.make_batches(corpora.load_multi30k("val"), tokenizer, batch_tokens=1024,
                                 max_length=128, num_replicas=1)
     stats = data.token_budget_stats(batches)
     assert stats["num_examples"] == 1014
@@ -404,12 +405,13 @@ _DISTRIBUTED_SCRIPT = textwrap.dedent(
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-    from keras_transformer import data, datasets
-    from keras_transformer.tokenizer import Tokenizer
+    from keras_transformer import data
+    from keras_transformer.data import corpora
+    from keras_transformer.data.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(sys.argv[1])
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    ds = datasets.load_multi30k("val")
+    ds = corpora.load_multi30k("val")
     kwargs = dict(batch_tokens=600, max_length=64, shuffle=False)
     with strategy.scope():
         batches = data.make_batches(ds, tokenizer, **kwargs)  # num_replicas from the strategy

@@ -75,7 +75,7 @@ def teacher_forced_log_prob(model, source, tokens):
 @pytest.fixture(scope="module")
 def random_model():
     # A small vocabulary so that a random model emits EOS now and then.
-    return tiny_model(vocab_size=12, seed=3)
+    return tiny_model(vocab_size=12, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +319,7 @@ def test_k_finished_stops_when_k_hypotheses_have_ended():
 @pytest.mark.parametrize("vocab_size, k", [(8000, 10), (8000, 8), (1200, 9), (7919, 10), (50, 10)])
 def test_blocked_top_k_equals_top_k(vocab_size, k):
     """The block-maximum top-k is exact, also with ties (rounded values) and when it falls back."""
-    from keras_transformer.decoding import _blocked_top_k
+    from keras_transformer.decoding.tokens import blocked_top_k as _blocked_top_k
 
     rng = np.random.default_rng(vocab_size + k)
     x = np.round(rng.normal(size=(3, 4, vocab_size)) * 4).astype("float32")  # many ties

@@ -22,11 +22,11 @@ TIMEOUT = 240
 
 @pytest.fixture(scope="module")
 def spm500(tmp_path_factory):
-    from keras_transformer import datasets
-    from keras_transformer.tokenizer import train_tokenizer
+    from keras_transformer.data import corpora
+    from keras_transformer.data.tokenizer import train_tokenizer
 
     prefix = tmp_path_factory.mktemp("spm") / "spm"
-    train_tokenizer(datasets.read_lines("train", "en") + datasets.read_lines("train", "de"), prefix, 500)
+    train_tokenizer(corpora.read_lines("train", "en") + corpora.read_lines("train", "de"), prefix, 500)
     return str(prefix) + ".model"
 
 

@@ -21,15 +21,15 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import cli
-from keras_transformer.datasets import read_lines
-from keras_transformer.export import (
+from keras_transformer.data.corpora import read_lines
+from keras_transformer.inference.saved_model import (
     ASSET_FILENAME,
     PYTHON_OPS,
     export_saved_model,
     list_versions,
     saved_model_ops,
 )
-from keras_transformer.translator import Translator
+from keras_transformer.inference.translator import Translator
 
 from conftest import TINY_RUN_MAX_LENGTH as MAX_LENGTH  # longer sources are truncated to this many tokens
 from conftest import TINY_RUN_VOCAB as VOCAB

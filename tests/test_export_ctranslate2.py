@@ -14,7 +14,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from keras_transformer import Transformer, TransformerConfig  # noqa: E402
 from keras_transformer.decoding import beam_search, greedy_search  # noqa: E402
-from keras_transformer.export_ctranslate2 import (  # noqa: E402
+from keras_transformer.inference.ctranslate2 import (  # noqa: E402
     default_vocabulary,
     export_ctranslate2,
     transformer_spec,

@@ -170,6 +170,44 @@ def test_xla_cache_write_without_room_is_refused():
         step(x)
 
 
+@pytest.mark.parametrize("index", [-1, 5, 9])
+def test_xla_cache_write_out_of_range_at_a_tensor_index_poisons_the_rows(index):
+    """Dynamic-update-slice would clamp the write to the cache's end; asserts do not run under XLA."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(7)
+    cache = rng.normal(size=(2, 3, 6, 4)).astype("float32")
+    update = rng.normal(size=(2, 3, 2, 4)).astype("float32")
+    write = tf.function(MultiHeadAttention._write_cache, jit_compile=True)
+    written = np.asarray(write(cache, update, tf.constant(index)))
+    assert np.isnan(written).any()
+    assert not np.isin(update, written).any()  # the update is nowhere as it was
+    fits = np.asarray(write(cache, update, tf.constant(4)))  # the last two rows: room exactly
+    expected = cache.copy()
+    expected[:, :, 4:] = update
+    np.testing.assert_array_equal(fits, expected)
+
+
+def test_xla_self_attention_past_the_cache_end_at_a_tensor_index_gives_nan():
+    import tensorflow as tf
+
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.random.default_rng(8).normal(size=(1, 2, 8)).astype("float32")
+    layer(x)
+
+    @tf.function(jit_compile=True)
+    def step(inputs, index):
+        return layer(inputs, use_causal_mask=True, cache=layer.init_cache(1, 3), cache_index=index)
+
+    out, (keys, values) = step(x, tf.constant(2))  # positions 2..3 of a 3-position cache
+    assert np.isnan(np.asarray(out)).all()
+    assert np.isnan(np.asarray(keys)).any() and np.isnan(np.asarray(values)).any()
+    out, _ = step(x, tf.constant(1))  # positions 1..2 fit
+    assert np.isfinite(np.asarray(out)).all()
+    expected, _ = layer(x, use_causal_mask=True, cache=layer.init_cache(1, 3), cache_index=1)  # eager
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
 def test_positional_encoding_equals_paper_formula_at_any_length():
     d_model, length = 10, 3000  # far longer than any fixed table
     table = np.asarray(sinusoidal_encoding(np.arange(length), d_model))
@@ -261,8 +299,27 @@ def test_encoder_layer_uses_keras_mask_as_padding_mask():
 
 
 def test_head_dims_must_divide():
-    with pytest.raises(ValueError, match="not divisible by num_heads=3"):
+    with pytest.raises(ValueError, match="not divisible by num_heads=3; pass key_dim"):
         EncoderLayer(num_heads=3, d_ff=8)(np.zeros((1, 2, 8), "float32"))
+    with pytest.raises(ValueError, match="not divisible by num_heads=3; pass value_dim"):
+        EncoderLayer(num_heads=3, d_ff=8, key_dim=2)(np.zeros((1, 2, 8), "float32"))
+
+
+def test_value_dim_defaults_to_d_model_over_h_in_the_layers():
+    """d_v = d_model / h unless given (§3.2.2), not d_k: Table 3 row (B) changes d_k alone."""
+    x = np.zeros((1, 3, 16), "float32")
+    encoder_layer = EncoderLayer(num_heads=4, d_ff=8, key_dim=2)
+    encoder_layer(x)
+    decoder = Decoder(num_layers=1, num_heads=4, d_ff=8, key_dim=2, value_dim=None)
+    decoder(x, x)
+    for attention in (encoder_layer.self_attention, decoder.decoder_layers[0].self_attention,
+                      decoder.decoder_layers[0].cross_attention):
+        assert (attention.key_dim, attention.value_dim) == (2, 4)
+    layer = EncoderLayer(num_heads=4, d_ff=8, value_dim=3)
+    layer(x)
+    assert (layer.self_attention.key_dim, layer.self_attention.value_dim) == (4, 3)
+    # The standalone layer keeps Keras's convention: it knows no d_model.
+    assert MultiHeadAttention(num_heads=4, key_dim=2).value_dim == 2
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer import Transformer, TransformerConfig, create_optimizer
+from keras_transformer import MaskedAccuracy, Transformer, TransformerConfig, create_optimizer
 from keras_transformer.layers import EncoderLayer, FeedForward
 
 VOCAB = 40
@@ -216,3 +216,77 @@ def test_mixed_bfloat16_model_keeps_float32_variables_and_decoding_logits():
     assert logits.dtype == "bfloat16"  # training logits: the loss casts inside its kernel
     assert model.decode(target, model.encode(source), source).dtype == "float32"
     assert all(w.dtype == "float32" for w in model.weights)
+
+
+# The loss and the metric -----------------------------------------------------------
+
+
+def test_masked_accuracy_counts_tied_logits_like_argmax():
+    """Of tied maximal logits only the first index is the prediction, as in SparseCategoricalAccuracy."""
+    logits = np.array([[[0, 2, 2, 1], [0, 2, 2, 1], [3, 3, 3, 3], [1, 0, 0, 0], [0, 0, 5, 0]]], "float32")
+    labels = np.array([[1, 2, 3, 0, 2]])  # tie won, tie lost, tie lost, padding, clear win
+    metric = MaskedAccuracy()
+    metric.update_state(labels, logits)
+    assert float(metric.result()) == pytest.approx(2 / 4)
+    reference = keras.metrics.SparseCategoricalAccuracy()
+    reference.update_state(labels, logits, sample_weight=labels != 0)
+    assert float(reference.result()) == pytest.approx(2 / 4)
+
+
+def test_masked_accuracy_does_not_count_bfloat16_ties_as_right():
+    """1.0 and 1.001 differ in float32 but tie in bfloat16: the later label is no longer predicted."""
+    logits = np.array([[[1.0, 1.001, 0.0], [0.0, 1.0, 1.001]]], "float32")
+    labels = np.array([[1, 2]])
+    for dtype, expected in (("float32", 1.0), ("bfloat16", 0.0)):
+        metric = MaskedAccuracy()
+        metric.update_state(labels, keras.ops.cast(logits, dtype))
+        assert float(metric.result()) == expected, dtype
+
+
+def test_losses_and_layers_import_no_pipeline_module():
+    """The model side imports no TensorFlow at module level and nothing of the training pipeline."""
+    import ast
+    import pathlib
+
+    import keras_transformer
+
+    package = pathlib.Path(keras_transformer.__file__).parent
+    allowed = {"functools", "math", "keras", "keras_transformer.layers", "keras_transformer.special_ids"}
+    for path in [package / "losses.py", *sorted((package / "layers").glob("*.py"))]:
+        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are fine
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                assert any(name == a or name.startswith(a + ".") for a in allowed), (path.name, name)
+
+
+def test_loss_divides_by_the_global_token_count_across_replicas():
+    """Two replicas with 3 and 1 real tokens: the sum of their losses is the one-device mean."""
+    script = textwrap.dedent(
+        """
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import numpy as np
+        from keras_transformer.losses import LabelSmoothedCrossEntropy
+
+        labels = np.array([[5, 6, 7, 0], [5, 0, 0, 0]])
+        logits = np.random.default_rng(0).normal(size=(2, 4, 10)).astype("float32")
+        loss = LabelSmoothedCrossEntropy(0.1)
+        one_device = float(loss(labels, logits))
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        batches = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((labels, logits)).batch(2))
+        per_replica = strategy.run(tf.function(loss), args=next(iter(batches)))
+        assert [int(tf.reduce_sum(tf.cast(y != 0, tf.int32))) for y in
+                strategy.experimental_local_results(next(iter(batches))[0])] == [3, 1]
+        total = float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
+        assert abs(total - one_device) < 1e-5, (total, one_device)
+        """
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=300)

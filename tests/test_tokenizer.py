@@ -7,8 +7,8 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from keras_transformer import datasets
-from keras_transformer.tokenizer import (
+from keras_transformer.data import corpora
+from keras_transformer.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -22,7 +22,7 @@ VOCAB_SIZE = 1000
 
 
 def _train_texts():
-    return datasets.read_lines("train", "en")[:2500] + datasets.read_lines("train", "de")[:2500]
+    return corpora.read_lines("train", "en")[:2500] + corpora.read_lines("train", "de")[:2500]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def tokenizer(tmp_path_factory):
 @pytest.fixture(scope="module")
 def val_sentences():
     # Not in the training subset.
-    return datasets.read_lines("val", "en")[:200] + datasets.read_lines("val", "de")[:200]
+    return corpora.read_lines("val", "en")[:200] + corpora.read_lines("val", "de")[:200]
 
 
 def _decode(strings):
@@ -61,7 +61,7 @@ def test_round_trip_on_real_sentences(tokenizer, val_sentences):
 
 
 def test_unseen_characters_round_trip_via_byte_fallback(tokenizer):
-    news = datasets.read_newstest2014("de")
+    news = corpora.read_newstest2014("de")
     assert "\u00ad" in news[900]  # soft hyphen, kept exactly (identity normalization)
     text = ["Ein Café in Zürich: 日本 – ok", "Größe ÆØÅ", news[900], news[1831]]
     ids = tokenizer.tokenize(text)
@@ -133,7 +133,7 @@ def test_training_is_deterministic(tokenizer, tmp_path):
 
 
 def test_full_multi30k_vocab_trains_fast(tmp_path):
-    texts = datasets.read_lines("train", "en") + datasets.read_lines("train", "de")
+    texts = corpora.read_lines("train", "en") + corpora.read_lines("train", "de")
     start = time.perf_counter()
     tok = train_tokenizer(texts, tmp_path / "full", vocab_size=8000)
     elapsed = time.perf_counter() - start

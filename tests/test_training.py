@@ -22,8 +22,13 @@ import time
 import numpy as np
 import pytest
 
+from keras_transformer import run_dir as run_layout
 from keras_transformer import training
-from keras_transformer.evaluation import corpus_scores, format_scores
+from keras_transformer.cli import train as train_cli
+from keras_transformer.inference.evaluation import corpus_scores, format_scores
+from keras_transformer.training import loop
+from keras_transformer.training import strategy as training_strategy
+from keras_transformer.training import stream as training_stream
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
@@ -32,11 +37,11 @@ TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 @pytest.fixture(scope="module")
 def spm500(tmp_path_factory):
     """A 500-piece vocabulary of Multi30k train (copied into run directories to skip training it)."""
-    from keras_transformer import datasets
-    from keras_transformer.tokenizer import train_tokenizer
+    from keras_transformer.data import corpora
+    from keras_transformer.data.tokenizer import train_tokenizer
 
     prefix = tmp_path_factory.mktemp("spm") / "spm"
-    train_tokenizer(datasets.read_lines("train", "en") + datasets.read_lines("train", "de"), prefix, 500)
+    train_tokenizer(corpora.read_lines("train", "en") + corpora.read_lines("train", "de"), prefix, 500)
     return str(prefix) + ".model"
 
 
@@ -136,7 +141,7 @@ def test_average_checkpoints_command(killed_and_resumed, tmp_path):
     run_dir = killed_and_resumed["run_dir"]
     output = tmp_path / "avg2.weights.h5"
     assert cli.main(["average-checkpoints", str(run_dir), "--last", "2", "--output", str(output)]) == 0
-    model = training._build_model(training._model_config_of_run(str(run_dir)))
+    model = run_layout.build_model(run_layout.model_config_of_run(str(run_dir)))
     paths = [p for _, p in training.list_checkpoints(run_dir)[-2:]]
     weights = []
     for path in paths:
@@ -152,8 +157,8 @@ def test_finished_run_started_again_trains_nothing(killed_and_resumed, capsys):
 
     run_dir = killed_and_resumed["run_dir"]
     history = (run_dir / "history.csv").read_text()
-    parser = training.add_training_arguments(argparse.ArgumentParser())
-    args = training.args_from_namespace(parser.parse_args(killed_and_resumed["train_argv"]))
+    parser = train_cli.add_training_arguments(argparse.ArgumentParser())
+    args = train_cli.args_from_namespace(parser.parse_args(killed_and_resumed["train_argv"]))
     result = training.train(args)
     assert (result.resumed_from, result.step) == (30, 30)
     assert "nothing to train" in capsys.readouterr().out
@@ -259,9 +264,9 @@ def test_bad_time_budget_and_precision_are_refused():
     # Multi-worker runs must stop at the same step on every worker: no clocks.
     multi_worker = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)
     with pytest.raises(ValueError, match="--time-budget is not supported with MultiWorkerMirroredStrategy"):
-        training._check_time_budget(training.TrainingArgs(time_budget=5), multi_worker)
-    training._check_time_budget(training.TrainingArgs(time_budget=5), tf.distribute.get_strategy())
-    training._check_time_budget(training.TrainingArgs(), multi_worker)
+        training_strategy.check_time_budget(training.TrainingArgs(time_budget=5), multi_worker)
+    training_strategy.check_time_budget(training.TrainingArgs(time_budget=5), tf.distribute.get_strategy())
+    training_strategy.check_time_budget(training.TrainingArgs(), multi_worker)
     with pytest.raises(ValueError, match="precision must be one of auto, float32"):
         training.TrainingArgs(precision="bfloat16")
 
@@ -275,24 +280,22 @@ def test_bad_time_budget_and_precision_are_refused():
     ],
 )
 def test_auto_precision_follows_the_cpus_bfloat16_support(tmp_path, flags, expected):
-    from keras_transformer import distribute
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n")
-    policy, reason = distribute.auto_precision(str(cpuinfo))  # the test machine has no GPU
+    policy, reason = training_strategy.auto_precision(str(cpuinfo))  # the test machine has no GPU
     assert policy == expected
     assert ("no native bfloat16" in reason) == (expected == "float32")
-    assert distribute.auto_precision(str(tmp_path / "missing"))[0] == "float32"
+    assert training_strategy.auto_precision(str(tmp_path / "missing"))[0] == "float32"
 
 
 def test_auto_precision_run_records_what_it_chose(tmp_path, spm500, capsys):
-    from keras_transformer import distribute
 
     run_dir = new_run_dir(tmp_path / "run", spm500)
     training.train(training.TrainingArgs(
         output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32,
         validation_split=None, max_steps=1, verbose=0, overrides=TINY_NET, precision="auto"))
-    chosen, reason = distribute.auto_precision()
+    chosen, reason = training_strategy.auto_precision()
     config = json.loads((run_dir / "config.json").read_text())
     assert config["training"]["precision"] == "auto" and config["precision"] == chosen
     assert f"{chosen}: --precision auto, {reason}" in capsys.readouterr().out
@@ -305,17 +308,33 @@ def test_resuming_with_another_model_is_refused(tmp_path, spm500):
         "model": args.model_config().to_dict(), "training": args.to_dict(), "data": {}}))
     other = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=999,
                                   overrides={"num_layers": 3})
-    with pytest.raises(ValueError, match=r"num_layers.*batch_tokens|batch_tokens.*num_layers"):
-        training._check_resume_config(str(run_dir), other, other.model_config())
-    assert training._check_resume_config(str(run_dir), args, args.model_config()) is not None
+    with pytest.raises(ValueError, match=r"model num_layers \(2 -> 3\); --batch-tokens \(4096 -> 999\)"):
+        loop._check_resume_config(str(run_dir), other, other.model_config())
+    assert loop._check_resume_config(str(run_dir), args, args.model_config()) is not None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"warmup_steps": 100}, r"--warmup-steps \(4000 -> 100\)"),
+    ({"lr_scale": 2.0}, r"--lr-scale \(1.0 -> 2.0\)"),
+    ({"precision": "mixed_bfloat16"}, r"--precision \('float32' -> 'mixed_bfloat16'\)"),
+])
+def test_resuming_with_another_schedule_or_precision_is_refused(tmp_path, spm500, change, message):
+    """A resume that would change the learning rate or the precision is another experiment."""
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+    args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
+    (run_dir / "config.json").write_text(json.dumps({
+        "model": args.model_config().to_dict(), "training": args.to_dict(), "data": {}}))
+    other = training.TrainingArgs(**{**args.to_dict(), **change})
+    with pytest.raises(ValueError, match=message):
+        loop._check_resume_config(str(run_dir), other, other.model_config())
 
 
 def test_epoch_length_is_counted_exactly(spm500):
     from keras_transformer import data
-    from keras_transformer.tokenizer import Tokenizer
+    from keras_transformer.data.tokenizer import Tokenizer
 
     args = training.TrainingArgs(output="unused", batch_tokens=512, max_length=24)
-    stream = training._TrainingData(args, Tokenizer(spm500), data.load_dataset("multi30k", "val"), 2, 24)
+    stream = training_stream.TrainingData(args, Tokenizer(spm500), data.load_dataset("multi30k", "val"), 2, 24)
     expected = stream.batches_per_epoch()
     batches = list(stream._epoch_batches(5))
     assert len(batches) == expected > 0
@@ -330,34 +349,34 @@ def test_epoch_length_is_counted_exactly(spm500):
 
 
 def test_fit_plan_finishes_an_interrupted_epoch_first():
-    assert training._fit_plan(0, 20, 100) == [(0, 1, 20)]
-    assert training._fit_plan(0, 250, 100) == [(0, 3, 100)]
-    assert training._fit_plan(130, 250, 100) == [(1, 2, 70), (2, 3, 50)]
-    assert training._fit_plan(130, 150, 100) == [(1, 2, 20)]
-    assert training._fit_plan(200, 450, 100) == [(2, 5, 100)]
+    assert loop._fit_plan(0, 20, 100) == [(0, 1, 20)]
+    assert loop._fit_plan(0, 250, 100) == [(0, 3, 100)]
+    assert loop._fit_plan(130, 250, 100) == [(1, 2, 70), (2, 3, 50)]
+    assert loop._fit_plan(130, 150, 100) == [(1, 2, 20)]
+    assert loop._fit_plan(200, 450, 100) == [(2, 5, 100)]
 
 
 def test_command_line_options_map_to_training_args():
     import argparse
 
-    parser = training.add_training_arguments(argparse.ArgumentParser())
+    parser = train_cli.add_training_arguments(argparse.ArgumentParser())
     namespace = parser.parse_args([
         "--preset", "base", "--num-layers", "4", "--dropout", "0.3", "--norm-first", "--set", "use_bias=true",
         "--set", "layer_norm_epsilon=1e-5", "--precision", "mixed_bfloat16", "--xla", "--max-steps", "100",
         "--warmup-steps", "50", "--lr-scale", "2", "--average-last", "5", "--validation-split", "none",
         "--data", "files:a.{src},b.{tgt}", "--time-budget", "12.5",
     ])
-    args = training.args_from_namespace(namespace)
+    args = train_cli.args_from_namespace(namespace)
     assert args.overrides == {"num_layers": 4, "dropout": 0.3, "norm_first": True, "use_bias": True,
                               "layer_norm_epsilon": 1e-5}
     assert (args.precision, args.xla, args.max_steps, args.warmup_steps, args.lr_scale) == (
         "mixed_bfloat16", True, 100, 50, 2.0)
     assert args.validation_split is None and args.average_last == 5 and args.data == "files:a.{src},b.{tgt}"
     assert args.time_budget == 12.5
-    assert training.args_from_namespace(parser.parse_args(["--precision", "auto"])).precision == "auto"
+    assert train_cli.args_from_namespace(parser.parse_args(["--precision", "auto"])).precision == "auto"
     config = args.model_config()
     assert (config.num_layers, config.d_model, config.dropout, config.norm_first) == (4, 512, 0.3, True)
-    defaults = training.args_from_namespace(parser.parse_args([]))
+    defaults = train_cli.args_from_namespace(parser.parse_args([]))
     assert defaults.overrides == {} and defaults.warmup_steps == 4000 and defaults.precision == "float32"
     assert defaults.time_budget is None
     with pytest.raises(ValueError, match="precision"):
@@ -367,11 +386,11 @@ def test_command_line_options_map_to_training_args():
 def test_streamed_corpora_batches(spm500):
     """tfds corpora are streamed: shuffled with a seed, repeated, epochs of --steps-per-epoch."""
     from keras_transformer import data
-    from keras_transformer.tokenizer import Tokenizer
+    from keras_transformer.data.tokenizer import Tokenizer
 
     args = training.TrainingArgs(output="unused", data="tfds:fake", batch_tokens=512, max_length=24,
                                  steps_per_epoch=7)
-    stream = training._TrainingData(args, Tokenizer(spm500), data.load_dataset("multi30k", "val"), 1, 24)
+    stream = training_stream.TrainingData(args, Tokenizer(spm500), data.load_dataset("multi30k", "val"), 1, 24)
     assert stream.streamed and stream.batches_per_epoch() == 7
     for (source, target_in), target_out in stream.stream(0, 7).take(2):
         assert source.shape[0] == target_out.shape[0] > 0 and source.shape[0] * source.shape[1] <= 512
@@ -438,13 +457,13 @@ def test_demo_trains_without_dropout_unless_asked():
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     parser = example.build_parser()
-    demo = training.args_from_namespace(parser.parse_args([]))
+    demo = train_cli.args_from_namespace(parser.parse_args([]))
     assert demo.model_config().dropout == 0.0 and demo.time_budget == 27.5 and demo.precision == "auto"
-    assert training.args_from_namespace(parser.parse_args(["--dropout", "0.1"])).model_config().dropout == 0.1
+    assert train_cli.args_from_namespace(parser.parse_args(["--dropout", "0.1"])).model_config().dropout == 0.1
     assert "default here 0.0" in parser.format_help()
     # The library and the CLI keep the paper's P_drop = 0.1 (§5.4).
-    cli = training.add_training_arguments(argparse.ArgumentParser())
-    assert training.args_from_namespace(cli.parse_args([])).model_config().dropout == 0.1
+    cli = train_cli.add_training_arguments(argparse.ArgumentParser())
+    assert train_cli.args_from_namespace(cli.parse_args([])).model_config().dropout == 0.1
 
 
 def test_wmt14_example_has_the_papers_recipes(capsys):

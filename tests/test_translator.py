@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
-from keras_transformer.datasets import read_lines
-from keras_transformer.tokenizer import Tokenizer, train_tokenizer
-from keras_transformer.translator import Translator
+from keras_transformer.data.corpora import read_lines
+from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
+from keras_transformer.inference.translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_long_input_is_truncated_and_output_bounded(translator, tokenizer):
     long = " ".join(["A man in a blue shirt is standing on a ladder."] * 40)
     ids = translator.source_ids(tf.constant([long])).numpy()
     assert ids.shape == (1, 16) and ids[0, -1] == 3  # max_length 16, EOS kept
-    token_ids, _ = translator._decode(ids)
+    token_ids, _ = translator.search(ids)
     assert token_ids.shape[1] <= 16 + 4
 
 

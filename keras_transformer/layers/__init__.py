@@ -5,6 +5,7 @@
 - `embedding`: SharedEmbedding (§3.4)
 - `positional_encoding`: PositionalEncoding, LearnedPositionalEmbedding (§3.5)
 - `sublayer`: SublayerConnection, the residual + LayerNorm of §3.1 / §5.4
+- `initialization`: initializer_for_weight, one initializer copy per weight
 - `base`: TransformerLayer, TransformerStack, what encoder and decoder share
 - `encoder`: EncoderLayer, Encoder (§3.1)
 - `decoder`: DecoderLayer, Decoder (§3.1)

@@ -13,6 +13,10 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer import compat
+
+from keras_transformer.layers.initialization import initializer_for_weight
+
 # Added to the logits of masked positions. Finite, so that a row with every key
 # masked gives a uniform distribution instead of NaN.
 _MASK_LOGIT = -1e9
@@ -29,11 +33,10 @@ def in_place_cache_writes():
     if keras.backend.backend() != "tensorflow":
         return True
     import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util  # no public equivalent
 
     if tf.executing_eagerly():
         return False
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    return compat.graph_is_compiled_by_xla()
 
 
 def causal_mask(query_length, key_length, offset=0):
@@ -71,12 +74,20 @@ class MultiHeadAttention(keras.layers.Layer):
     Args:
         num_heads: h, the number of heads.
         key_dim: d_k, per-head width of queries and keys.
-        value_dim: d_v, per-head width of values; default `key_dim`.
+        value_dim: d_v, per-head width of values; default `key_dim`. This is
+            Keras's convention for a standalone layer, which does not know
+            d_model when it is constructed; with d_k = d_model / h it is the
+            paper's d_v = d_model / h as well (§3.2.2). `TransformerLayer`
+            (and so `Encoder`, `Decoder`, `Transformer`) always passes d_v,
+            d_model / h unless set, so a smaller d_k alone (Table 3, row B)
+            leaves d_v as it is.
         output_dim: width of the output; default the query's last dimension.
         dropout: dropout rate on the attention weights (not used by the paper).
         use_bias: add biases to the four projections (the paper has none).
-        kernel_initializer: initializer of the projection matrices.
-        bias_initializer: initializer of the biases.
+        kernel_initializer: initializer of the projection matrices; each
+            matrix gets its own copy (`initializer_for_weight`), so they start
+            different. The config keeps the initializer as given.
+        bias_initializer: initializer of the biases, copied per bias alike.
 
     Call arguments:
         query: `[B, T, D]`.
@@ -88,6 +99,10 @@ class MultiHeadAttention(keras.layers.Layer):
             with a self-attention cache, "after" counts from `cache_index`.
         cache: see above.
         cache_index: int scalar, position of the first query in the cache.
+            A preallocated cache must hold positions `[cache_index,
+            cache_index + T)`: a Python int that does not fit raises; a
+            tensor one, checked only as it runs, makes the output NaN (XLA
+            would clamp the write to the cache's end and cannot raise).
         return_attention_scores: also return the weights `[B, N, T, S]`.
         training: enables dropout.
 
@@ -141,22 +156,25 @@ class MultiHeadAttention(keras.layers.Layer):
         output_dim = self.output_dim or query_dim
         n, dk, dv = self.num_heads, self.key_dim, self.value_dim
 
-        def matrix(name, shape):
-            return self.add_weight(name=name, shape=shape, initializer=self.kernel_initializer)
+        # One initializer per weight: one shared instance would make W^Q = W^K = W^V = W^O.
+        def matrix(name, shape, index):
+            initializer = initializer_for_weight(self.kernel_initializer, index)
+            return self.add_weight(name=name, shape=shape, initializer=initializer)
 
-        def bias(name, size):
+        def bias(name, size, index):
             if not self.use_bias:
                 return None
-            return self.add_weight(name=name, shape=(size,), initializer=self.bias_initializer)
+            initializer = initializer_for_weight(self.bias_initializer, index)
+            return self.add_weight(name=name, shape=(size,), initializer=initializer)
 
-        self.query_kernel = matrix("query_kernel", (query_dim, n * dk))
-        self.key_kernel = matrix("key_kernel", (memory_dim, n * dk))
-        self.value_kernel = matrix("value_kernel", (memory_dim, n * dv))
-        self.output_kernel = matrix("output_kernel", (n * dv, output_dim))
-        self.query_bias = bias("query_bias", n * dk)
-        self.key_bias = bias("key_bias", n * dk)
-        self.value_bias = bias("value_bias", n * dv)
-        self.output_bias = bias("output_bias", output_dim)
+        self.query_kernel = matrix("query_kernel", (query_dim, n * dk), 0)
+        self.key_kernel = matrix("key_kernel", (memory_dim, n * dk), 1)
+        self.value_kernel = matrix("value_kernel", (memory_dim, n * dv), 2)
+        self.output_kernel = matrix("output_kernel", (n * dv, output_dim), 3)
+        self.query_bias = bias("query_bias", n * dk, 0)
+        self.key_bias = bias("key_bias", n * dk, 1)
+        self.value_bias = bias("value_bias", n * dv, 2)
+        self.output_bias = bias("output_bias", output_dim, 3)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
 
@@ -236,25 +254,51 @@ class MultiHeadAttention(keras.layers.Layer):
         return context, weights
 
     @staticmethod
+    def _overflow_poison(cache, steps, index):
+        """For an in-place write of `steps` rows at a tensor `index`: 0, or NaN if they do not fit.
+
+        A scalar of the cache's dtype, NaN unless `0 <= index` and
+        `index + steps <= S`; None when there is nothing to check at run time
+        (a growing cache, or a Python int `index`, which `_write_cache`
+        checks at once). XLA's dynamic-update-slice clamps an out-of-range
+        start, so a write past the end would silently overwrite the last
+        rows; XLA also drops `tf.debugging` asserts and `check_numerics`
+        (TF 2.21 under `jit_compile=True` runs them without error). Adding
+        this scalar to the written rows and to the layer's output makes a
+        broken contract visible as NaN instead.
+        """
+        if not in_place_cache_writes() or isinstance(index, int):
+            return None
+        outside = ops.logical_or(index < 0, index + steps > ops.shape(cache)[2])
+        return ops.cast(ops.where(outside, float("nan"), 0.0), cache.dtype)
+
+    @staticmethod
     def _write_cache(cache, update, index):
         """Writes `update [B, N, T, H]` at positions [index, index + T) of `cache [B, N, S, H]`.
 
         Where a dynamic-update-slice is available (XLA, other backends), it
-        writes the T new rows in place; the cache must then have room for
-        them. Otherwise (a plain TensorFlow graph, as in a SavedModel or TF
-        Serving) the rows before `index`, the update and the rows after it
-        are concatenated: a cache of exactly `index` rows grows by T, which
-        lets graph-mode decoding start from an empty cache and only ever
-        copy and attend over the rows in use.
+        writes the T new rows in place. The cache must then have room for
+        them, `0 <= index` and `index + T <= S`: a Python int `index` that
+        breaks this raises a ValueError; a tensor one (only known when the
+        compiled function runs) makes the written rows NaN, and the layer's
+        output too (see `_overflow_poison`). Otherwise (a plain TensorFlow
+        graph, as in a SavedModel or TF Serving) the rows before `index`,
+        the update and the rows after it are concatenated: a cache of
+        exactly `index` rows grows by T, which lets graph-mode decoding start
+        from an empty cache and only ever copy and attend over the rows in use.
         """
         update = ops.cast(update, cache.dtype)
         if in_place_cache_writes():
             rows, steps = cache.shape[2], update.shape[2]
-            if isinstance(index, int) and rows is not None and steps is not None and index + steps > rows:
+            if (isinstance(index, int) and rows is not None and steps is not None
+                    and (index < 0 or index + steps > rows)):
                 raise ValueError(
                     f"A self-attention cache of {rows} positions has no room for positions "
                     f"{index}..{index + steps - 1}: preallocate it with `init_cache`."
                 )
+            poison = MultiHeadAttention._overflow_poison(cache, ops.shape(update)[2], index)
+            if poison is not None:
+                update = update + poison
             return ops.slice_update(cache, (0, 0, index, 0), update)
         steps = ops.shape(update)[2]
         return ops.concatenate([cache[:, :, :index], update, cache[:, :, index + steps :]], axis=2)
@@ -270,12 +314,13 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores=False,
         training=None,
     ):
-        offset = 0
+        offset, poison = 0, None
         if key_value is None:
             q, k, v = self._project_qkv(query)
             if cache is not None:
                 if cache_index is None:
                     raise ValueError(f"{self.name}: a self-attention cache needs `cache_index`.")
+                poison = self._overflow_poison(cache[0], ops.shape(q)[2], cache_index)
                 k = self._write_cache(cache[0], k, cache_index)
                 v = self._write_cache(cache[1], v, cache_index)
                 cache = (k, v)
@@ -296,6 +341,8 @@ class MultiHeadAttention(keras.layers.Layer):
         output = ops.matmul(context, self.output_kernel)
         if self.output_bias is not None:
             output = output + self.output_bias
+        if poison is not None:  # NaN if the cache had no room for these positions
+            output = output + ops.cast(poison, output.dtype)
 
         results = (output,)
         if return_attention_scores:

@@ -15,14 +15,20 @@ from keras_transformer.layers.sublayer import SublayerConnection
 
 
 def resolve_head_dims(d_model, num_heads, key_dim, value_dim, where):
-    """Default d_k = d_v = d_model / h (§3.2.2), with a clear error when it does not divide."""
-    if key_dim is None:
+    """`(d_k, d_v)`, each d_model / h unless given (§3.2.2), with a clear error when h does not divide.
+
+    d_v does not follow a given d_k: Table 3 row (B) shrinks d_k alone.
+    """
+    dims = {"key_dim": key_dim, "value_dim": value_dim}
+    for name, value in dims.items():
+        if value is not None:
+            continue
         if d_model % num_heads:
             raise ValueError(
-                f"{where}: d_model={d_model} is not divisible by num_heads={num_heads}; pass key_dim."
+                f"{where}: d_model={d_model} is not divisible by num_heads={num_heads}; pass {name}."
             )
-        key_dim = d_model // num_heads
-    return key_dim, value_dim or key_dim
+        dims[name] = d_model // num_heads
+    return dims["key_dim"], dims["value_dim"]
 
 
 class TransformerLayer(keras.layers.Layer):
@@ -31,8 +37,9 @@ class TransformerLayer(keras.layers.Layer):
     Args:
         num_heads: h.
         d_ff: inner width of the feed-forward network.
-        key_dim: d_k; default d_model // num_heads.
-        value_dim: d_v; default key_dim.
+        key_dim: d_k; default d_model // num_heads (§3.2.2).
+        value_dim: d_v; default d_model // num_heads (§3.2.2), also when
+            key_dim is given.
         dropout: residual dropout P_drop (§5.4).
         attention_dropout: dropout on attention weights (0 in the paper).
         activation: feed-forward activation ("relu", §3.3).
@@ -115,7 +122,8 @@ class TransformerStack(keras.layers.Layer):
 
     Args:
         num_layers: N.
-        **layer_kwargs: the `TransformerLayer` arguments, passed to every layer.
+        **layer_kwargs: the `TransformerLayer` arguments, passed to every layer
+            (so d_k and d_v default to d_model // num_heads there, §3.2.2).
     """
 
     layer_class = None  # set by subclasses

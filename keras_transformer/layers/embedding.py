@@ -11,6 +11,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.initialization import initializer_for_weight
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class SharedEmbedding(keras.layers.Layer):
@@ -65,7 +67,8 @@ class SharedEmbedding(keras.layers.Layer):
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.vocab_size, self.d_model),
-            initializer=self.embeddings_initializer,
+            # A copy: an instance passed to several layers gives each its own matrix.
+            initializer=initializer_for_weight(self.embeddings_initializer),
         )
         self.built = True
 

@@ -22,8 +22,9 @@ class EncoderLayer(TransformerLayer):
     Args:
         num_heads: h.
         d_ff: inner width of the feed-forward network.
-        key_dim: d_k; default d_model // num_heads.
-        value_dim: d_v; default key_dim.
+        key_dim: d_k; default d_model // num_heads (§3.2.2).
+        value_dim: d_v; default d_model // num_heads (§3.2.2), also when
+            key_dim is given.
         dropout: residual dropout P_drop (§5.4).
         attention_dropout: dropout on attention weights (0 in the paper).
         activation: feed-forward activation ("relu", §3.3).

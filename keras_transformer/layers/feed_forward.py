@@ -5,6 +5,8 @@
 
 import keras
 
+from keras_transformer.layers.initialization import initializer_for_weight
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class FeedForward(keras.layers.Layer):
@@ -14,7 +16,9 @@ class FeedForward(keras.layers.Layer):
         d_ff: inner width (2048 in the base model).
         output_dim: output width; default the input width (d_model).
         activation: "relu" in the paper; any Keras activation works.
-        kernel_initializer: initializer of W_1 and W_2.
+        kernel_initializer: initializer of W_1 and W_2; each gets its own
+            copy (`initializer_for_weight`), so W_2 is not W_1 reshaped. The
+            config keeps the initializer as given.
 
     Call arguments:
         inputs: `[B, T, d_model]`.
@@ -41,14 +45,14 @@ class FeedForward(keras.layers.Layer):
         self.inner = keras.layers.Dense(
             self.d_ff,
             activation=self.activation,
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=initializer_for_weight(self.kernel_initializer, 0),
             dtype=self.dtype_policy,
             name="inner",
         )
         self.inner.build(input_shape)
         self.outer = keras.layers.Dense(
             self.output_dim or input_shape[-1],
-            kernel_initializer=self.kernel_initializer,
+            kernel_initializer=initializer_for_weight(self.kernel_initializer, 1),
             dtype=self.dtype_policy,
             name="outer",
         )

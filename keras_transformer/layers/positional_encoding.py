@@ -13,6 +13,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.initialization import initializer_for_weight
+
 
 def sinusoidal_encoding(positions, d_model, dtype="float32"):
     """The §3.5 table for `positions` (int `[T]`): `[T, d_model]`, sin at even, cos at odd columns."""
@@ -88,7 +90,8 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         self.position_embeddings = self.add_weight(
             name="position_embeddings",
             shape=(self.max_length, input_shape[-1]),
-            initializer=self.initializer,
+            # A copy: an instance passed to several layers gives each its own table.
+            initializer=initializer_for_weight(self.initializer),
         )
         self.built = True
 

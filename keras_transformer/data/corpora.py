@@ -1,15 +1,15 @@
 """Parallel corpora shipped with the package (no download needed).
 
 * **Multi30k** (WMT16 multimodal task 1, English-German image captions; Elliott
-  et al., 2016): ``train`` 29,000 / ``val`` 1,014 / ``test2016`` 1,000 pairs,
-  the main data set of this project. Non-commercial research and educational
-  use only; see ``multi30k/README.md`` for provenance and license.
+  et al., 2016): `train` 29,000 / `val` 1,014 / `test2016` 1,000 pairs, the
+  main data set of this project. Non-commercial research and educational use
+  only; see `multi30k/README.md` beside this file for provenance and license.
 * **newstest2014** (WMT14 English-German news test set, "full", 3,003
   segments): the test set of Vaswani et al. (2017), Table 2; for evaluation
-  only (there is no matching training data here). See ``newstest2014/README.md``.
+  only (there is no matching training data here). See `newstest2014/README.md`.
 
 Files are gzip-compressed copies of the original UTF-8 text (one sentence per
-line, line *i* of ``X.en`` translating line *i* of ``X.de``).
+line, line *i* of `X.en` translating line *i* of `X.de`).
 
 Example::
 
@@ -23,7 +23,7 @@ import os
 
 import tensorflow as tf
 
-from keras_transformer.data import load_parallel_text, read_text_lines
+from keras_transformer.data.text import load_parallel_text, read_text_lines
 
 __all__ = [
     "MULTI30K_SPLITS",
@@ -50,7 +50,7 @@ def _check(kind: str, value: str, valid: tuple[str, ...]) -> None:
 
 
 def multi30k_path(split: str, lang: str) -> str:
-    """Path of the vendored ``multi30k/{split}.{lang}.gz``.
+    """Path of the vendored `multi30k/{split}.{lang}.gz`.
 
     Args:
         split: "train", "val" or "test2016".
@@ -65,10 +65,10 @@ def multi30k_path(split: str, lang: str) -> str:
 
 
 def load_multi30k(split: str = "train", src: str = "en", tgt: str = "de") -> tf.data.Dataset:
-    """Multi30k as a ``tf.data.Dataset`` of ``(source_text, target_text)`` scalars.
+    """Multi30k as a `tf.data.Dataset` of `(source_text, target_text)` scalars.
 
-    Lines are normalized like ``keras_transformer.data.load_parallel_text``
-    (stripped; the TAB in ``train.de`` line 7366 becomes a space). No pair is
+    Lines are normalized like `keras_transformer.data.load_parallel_text`
+    (stripped; the TAB in `train.de` line 7366 becomes a space). No pair is
     skipped: the vendored files have no empty lines.
 
     Args:
@@ -84,13 +84,13 @@ def read_lines(split: str, lang: str) -> list[str]:
 
 
 def newstest2014_path(lang: str) -> str:
-    """Path of the vendored ``newstest2014/newstest2014.{lang}.gz`` ("en" or "de")."""
+    """Path of the vendored `newstest2014/newstest2014.{lang}.gz` ("en" or "de")."""
     _check("newstest2014 language", lang, NEWSTEST2014_LANGUAGES)
     return os.path.join(_HERE, "newstest2014", f"newstest2014.{lang}.gz")
 
 
 def load_newstest2014(src: str = "en", tgt: str = "de") -> tf.data.Dataset:
-    """newstest2014 (3003 pairs) as ``(source_text, target_text)``; test set only."""
+    """newstest2014 (3003 pairs) as `(source_text, target_text)`; test set only."""
     return load_parallel_text(newstest2014_path(src), newstest2014_path(tgt))
 
 

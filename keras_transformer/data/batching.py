@@ -1,18 +1,13 @@
-"""Input pipeline: parallel text -> token-budget batches for the Transformer.
+"""Token-budget batches for the Transformer (Vaswani et al., 2017, §5.1).
 
-Vaswani et al. (2017), §5.1 "Training Data and Batching": "Sentence pairs were
-batched together by approximate sequence length. Each training batch contained
-a set of sentence pairs containing approximately 25000 source tokens and 25000
-target tokens." This module reproduces that scheme with ``tf.data``:
+"Sentence pairs were batched together by approximate sequence length. Each
+training batch contained a set of sentence pairs containing approximately
+25000 source tokens and 25000 target tokens." `make_batches` reproduces that
+scheme with `tf.data`: in-graph SentencePiece tokenization, special tokens, a
+maximum length, length bucketing and batching by a *token budget* (the
+tensor2tensor/fairseq way), padding each batch to its bucket boundary.
 
-1. **Text** (``load_parallel_text``, ``load_tfds``, ``load_dataset``): a
-   ``tf.data.Dataset`` of ``(source_text, target_text)`` scalar ``tf.string``
-   pairs. Every loader gives exactly this ``element_spec``.
-2. **Batches** (``make_batches``): in-graph SentencePiece tokenization, special
-   tokens, a maximum length, length bucketing and batching by a *token budget*
-   (the tensor2tensor/fairseq way), padding each batch to its bucket boundary.
-
-Output of ``make_batches`` -- the Keras ``(inputs, targets)`` convention::
+Output of `make_batches`, the Keras `(inputs, targets)` convention::
 
     ((source_ids, target_input_ids), target_output_ids)    # int32, [batch, length]
 
@@ -20,289 +15,29 @@ Output of ``make_batches`` -- the Keras ``(inputs, targets)`` convention::
     target_input_ids  = [BOS] + y      (decoder input, "shifted right", §3.1)
     target_output_ids = y + [EOS]      (labels)
 
-with padding id 0 (``tokenizer.PAD_ID``) everywhere, so masks are ``ids != 0``.
+with padding id 0 (`special_ids.PAD_ID`) everywhere, so masks are `ids != 0`.
 The source gets an EOS but no BOS: the encoder needs no start token, and the
 EOS marks the end of the sentence for the attention over it (the convention of
 tensor2tensor and fairseq).
-
-Text normalization (all loaders): each line is stripped, and runs of spaces and
-tabs inside it become a single space (Multi30k ``train.de`` line 7366 has a TAB
-inside the sentence). Pairs where either side is then empty are skipped.
-
-Example::
-
-    from keras_transformer import datasets
-    from keras_transformer.data import load_dataset, make_batches
-    from keras_transformer.tokenizer import get_or_train_tokenizer
-
-    tokenizer = get_or_train_tokenizer(
-        "runs/base", lambda: datasets.read_lines("train", "en") + datasets.read_lines("train", "de"),
-        vocab_size=8000)
-    with strategy.scope():  # or no strategy: 1 replica
-        train = make_batches(load_dataset("multi30k", "train"), tokenizer, batch_tokens=4096)
-        val = make_batches(load_dataset("multi30k", "val"), tokenizer, shuffle=False)
-    model.fit(train, validation_data=val, epochs=...)
 """
+
 
 from __future__ import annotations
 
-import dataclasses
-import gzip
-import io
 import logging
 import math
-import os
-import re
 from typing import Sequence
 
 import tensorflow as tf
 
-from keras_transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-__all__ = [
-    "ParallelTextStats",
-    "normalize_line",
-    "read_text_lines",
-    "load_parallel_text",
-    "load_tfds",
-    "load_dataset",
-    "default_bucket_boundaries",
-    "bucket_batch_sizes",
-    "make_batches",
-    "token_budget_stats",
-]
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
-
-_INNER_WHITESPACE = re.compile(r"[ \t\r\f\v]+")
 
 # make_batches puts a dataset of known size up to this many pairs into one pool.
 MAX_DEFAULT_POOL_SIZE = 1_000_000
 
 
-# ---------------------------------------------------------------------------
-# Text
-# ---------------------------------------------------------------------------
-def normalize_line(line: str) -> str:
-    """Strips a line and turns each run of spaces/tabs inside it into one space."""
-    return _INNER_WHITESPACE.sub(" ", line).strip()
-
-
-def read_text_lines(path: str | os.PathLike) -> list[str]:
-    """Reads a UTF-8 text file (plain or gzip) into normalized lines.
-
-    One entry per line of the file, in order (blank lines are kept as ``""`` so
-    line numbers still line up); lines are split on ``"\\n"`` only, and each line
-    goes through ``normalize_line``. A UTF-8 byte-order mark is ignored.
-
-    Args:
-        path: file path; gzip files are detected by content, not by name.
-
-    Raises:
-        ValueError: if the file is not valid UTF-8 (message gives the file and
-            the 1-based line number).
-    """
-    path = os.fspath(path)
-    with tf.io.gfile.GFile(path, "rb") as f:
-        data = f.read()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.GzipFile(fileobj=io.BytesIO(data)).read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line_number = data.count(b"\n", 0, err.start) + 1
-        raise ValueError(
-            f"{path}: line {line_number}: invalid UTF-8 ({err.reason}, "
-            f"byte {data[err.start:err.start + 1]!r})"
-        ) from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    # str.splitlines() would also split on U+2028, U+0085, ... and so break
-    # the line alignment of parallel files; split on LF only.
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # final newline
-    return [normalize_line(line) for line in lines]
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelTextStats:
-    """What ``load_parallel_text`` read.
-
-    Attributes:
-        source_path, target_path: the files.
-        num_lines: lines per file.
-        num_pairs: pairs in the dataset (``num_lines - num_skipped``).
-        skipped_line_numbers: 1-based line numbers of pairs skipped because the
-            source or target line was empty or whitespace-only.
-    """
-
-    source_path: str
-    target_path: str
-    num_lines: int
-    num_pairs: int
-    skipped_line_numbers: tuple[int, ...]
-
-    @property
-    def num_skipped(self) -> int:
-        return len(self.skipped_line_numbers)
-
-
-def _string_dataset(sources: Sequence[str], targets: Sequence[str]) -> tf.data.Dataset:
-    return tf.data.Dataset.from_tensor_slices(
-        (tf.constant(list(sources), dtype=tf.string), tf.constant(list(targets), dtype=tf.string))
-    )
-
-
-def load_parallel_text(
-    src_path: str | os.PathLike,
-    tgt_path: str | os.PathLike,
-    *,
-    return_stats: bool = False,
-):
-    """Loads two line-aligned text files as ``(source_text, target_text)`` pairs.
-
-    The files are read with Python (``read_text_lines``: plain or gzip, strict
-    UTF-8, normalized whitespace) and then sliced into a dataset; this is meant
-    for corpora that fit in memory (Multi30k is 4 MB).
-
-    Args:
-        src_path: source-language file, one sentence per line.
-        tgt_path: target-language file, line *i* translating line *i* of src_path.
-        return_stats: also return a ``ParallelTextStats``.
-
-    Returns:
-        ``tf.data.Dataset`` of scalar ``tf.string`` pairs, or
-        ``(dataset, stats)`` if ``return_stats``. Pairs with an empty side are
-        skipped; their number is logged as a warning and given in the stats.
-
-    Raises:
-        ValueError: if the files have different line counts (names both files
-            and counts) or a file is not valid UTF-8 (names file and line).
-    """
-    src_path, tgt_path = os.fspath(src_path), os.fspath(tgt_path)
-    sources = read_text_lines(src_path)
-    targets = read_text_lines(tgt_path)
-    if len(sources) != len(targets):
-        raise ValueError(
-            "Parallel files have different line counts: "
-            f"{src_path} has {len(sources)} lines, {tgt_path} has {len(targets)} lines"
-        )
-    skipped = tuple(i + 1 for i, (s, t) in enumerate(zip(sources, targets)) if not s or not t)
-    if skipped:
-        logger.warning(
-            "Skipped %d of %d pairs with an empty side in %s / %s (lines %s%s)",
-            len(skipped), len(sources), src_path, tgt_path,
-            ", ".join(map(str, skipped[:10])), ", ..." if len(skipped) > 10 else "",
-        )
-        keep = set(range(len(sources))) - {n - 1 for n in skipped}
-        sources = [s for i, s in enumerate(sources) if i in keep]
-        targets = [t for i, t in enumerate(targets) if i in keep]
-    dataset = _string_dataset(sources, targets)
-    if not return_stats:
-        return dataset
-    stats = ParallelTextStats(
-        source_path=src_path,
-        target_path=tgt_path,
-        num_lines=len(sources) + len(skipped),
-        num_pairs=len(sources),
-        skipped_line_numbers=skipped,
-    )
-    return dataset, stats
-
-
-def _normalize_in_graph(text: tf.Tensor) -> tf.Tensor:
-    """``normalize_line`` as TensorFlow ops (for streamed data such as tfds)."""
-    return tf.strings.strip(tf.strings.regex_replace(text, r"[ \t\r\f\v]+", " "))
-
-
-def load_tfds(
-    name: str,
-    split: str = "train",
-    src: str = "en",
-    tgt: str = "de",
-    data_dir: str | None = None,
-    download: bool = True,
-) -> tf.data.Dataset:
-    """Loads a TensorFlow Datasets translation set as ``(source_text, target_text)``.
-
-    Translation datasets in tfds (``wmt14_translate/de-en``, ``wmt_t2t_translate``,
-    ``ted_hrlr_translate/pt_to_en``, ...) yield dicts ``{lang: text}``; this
-    picks the two languages in the requested direction, applies the same
-    whitespace normalization as ``load_parallel_text`` in-graph and drops pairs
-    with an empty side (not counted: the data is streamed).
-
-    Args:
-        name: tfds name with config, e.g. ``"wmt14_translate/de-en"``.
-        split: tfds split ("train", "validation", "test", or slices like "train[:1%]").
-        src, tgt: language keys of the source and target side.
-        data_dir: tfds data directory (tfds default if None).
-        download: let tfds download and prepare the data if needed. Note that
-            WMT sets need a large download; there is no network here except
-            PyPI, so this is for machines that have one.
-
-    Raises:
-        ValueError: if ``src`` or ``tgt`` is not a language of the dataset.
-    """
-    import tensorflow_datasets as tfds  # heavy import; only needed here
-
-    builder = tfds.builder(name, data_dir=data_dir)
-    languages = sorted(builder.info.features.keys())
-    for role, lang in (("src", src), ("tgt", tgt)):
-        if lang not in languages:
-            raise ValueError(f"{role}={lang!r} is not a language of {name}; valid: {languages}")
-    if download:
-        builder.download_and_prepare()
-    dataset = builder.as_dataset(split=split, shuffle_files=False)
-
-    def to_pair(example):
-        return _normalize_in_graph(example[src]), _normalize_in_graph(example[tgt])
-
-    dataset = dataset.map(to_pair, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.filter(lambda s, t: tf.logical_and(tf.strings.length(s) > 0, tf.strings.length(t) > 0))
-
-
-_SPLIT_ALIASES = {"validation": "val", "valid": "val", "dev": "val", "test": "test2016"}
-
-
-def load_dataset(spec: str, split: str = "train", src: str = "en", tgt: str = "de") -> tf.data.Dataset:
-    """Loads ``(source_text, target_text)`` pairs from a spec string (used by the CLI).
-
-    Args:
-        spec: one of
-
-            * ``"multi30k"``: the vendored Multi30k (splits "train", "val",
-              "test2016"; "validation"/"valid"/"dev" and "test" are accepted
-              as aliases);
-            * ``"tfds:NAME"``: ``load_tfds(NAME, split, src, tgt)``;
-            * ``"files:SRC,TGT"``: ``load_parallel_text(SRC, TGT)``. The paths
-              may contain ``{split}``, ``{src}`` and ``{tgt}`` placeholders,
-              e.g. ``"files:data/{split}.{src},data/{split}.{tgt}"``.
-        split: split name.
-        src, tgt: source and target language codes.
-
-    Raises:
-        ValueError: for an unknown spec form, split or language.
-    """
-    if spec == "multi30k":
-        from keras_transformer import datasets  # imports this module
-
-        return datasets.load_multi30k(_SPLIT_ALIASES.get(split, split), src, tgt)
-    if spec.startswith("tfds:") and len(spec) > len("tfds:"):
-        return load_tfds(spec[len("tfds:"):], split=split, src=src, tgt=tgt)
-    if spec.startswith("files:"):
-        paths = spec[len("files:"):].split(",")
-        if len(paths) == 2 and all(paths):
-            src_path, tgt_path = (p.format(split=split, src=src, tgt=tgt) for p in paths)
-            return load_parallel_text(src_path, tgt_path)
-    raise ValueError(
-        f"Unknown dataset spec {spec!r}; expected 'multi30k', 'tfds:NAME' or 'files:SRC,TGT'"
-    )
-
-
-# ---------------------------------------------------------------------------
-# Batches
-# ---------------------------------------------------------------------------
 def default_bucket_boundaries(
     max_length: int, min_length: int = 8, growth: float = 1.1, multiple: int = 8
 ) -> list[int]:

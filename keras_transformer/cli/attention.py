@@ -1,0 +1,40 @@
+"""`keras-transformer attention`: the attention heads of one layer for a sentence, as a PNG."""
+
+import os
+
+from keras_transformer.cli.decoding_options import add_search_options
+
+
+def register(subparsers):
+    parser = subparsers.add_parser(
+        "attention", help="plot the attention heads of one layer for a sentence (PNG)",
+    )
+    parser.add_argument("sentence", help="the source sentence")
+    parser.add_argument("--model", required=True, help="training run directory")
+    parser.add_argument("--layer", type=int, default=-1, help="layer index (default -1: the last)")
+    add_search_options(parser, early_stopping=False)
+    parser.add_argument("--output", help="PNG path (default RUN_DIR/attention_layerN.png)")
+    parser.set_defaults(func=run)
+
+
+def run(args):
+    from keras_transformer.inference.attention_maps import attention_weights, plot_attention
+    from keras_transformer.inference.translator import Translator, is_saved_model
+
+    if is_saved_model(args.model):
+        raise SystemExit(
+            f"attention: {args.model} is an exported SavedModel, which does not expose attention weights; "
+            "give the training run directory."
+        )
+    translator = Translator.from_run_dir(args.model, beam_size=args.beam, alpha=args.alpha,
+                                         max_extra_length=args.max_extra_length)
+    num_layers = translator.model.config.num_layers
+    if not -num_layers <= args.layer < num_layers:
+        raise SystemExit(f"attention: --layer {args.layer} is out of range for {num_layers} layers.")
+    weights = attention_weights(translator, args.sentence, layer=args.layer)
+    layer_number = args.layer % num_layers + 1
+    output = args.output or os.path.join(args.model, f"attention_layer{layer_number}.png")
+    plot_attention(weights, output, layer_label=f"layer {layer_number} of {num_layers}")
+    print("translation:", weights["translation"])
+    print(f"wrote {output}")
+    return 0

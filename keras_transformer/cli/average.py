@@ -1,0 +1,26 @@
+"""`keras-transformer average-checkpoints`: the mean of a run's last K checkpoints (§6.1)."""
+
+import os
+
+
+def register(subparsers):
+    parser = subparsers.add_parser(
+        "average-checkpoints",
+        help="average the last K checkpoints of a run into one model (§6.1)",
+        description="Writes the element-wise mean of the weights of the last K checkpoints of RUN_DIR. "
+                    "Give the output to translate/evaluate/export with --checkpoint.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("--last", type=int, default=5, help="K: checkpoints to average (default 5; §6.1)")
+    parser.add_argument("--output", help="output .keras or .weights.h5 (default RUN_DIR/model-avg{K}.keras)")
+    parser.set_defaults(func=run)
+
+
+def run(args):
+    from keras_transformer.training.averaging import write_averaged_model
+
+    output, chosen = write_averaged_model(args.run_dir, args.last, args.output)
+    print(f"Averaged {len(chosen)} checkpoints of {args.run_dir} into {output}:")
+    for path in chosen:
+        print(f"  {os.path.basename(path)}")
+    return 0

@@ -1,0 +1,45 @@
+"""The decoding flags that translate, evaluate, attention and export share (§6.1 defaults)."""
+
+from keras_transformer.decoding.defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_BEAM_SIZE,
+    DEFAULT_EARLY_STOPPING,
+    EARLY_STOPPING,
+    EXTRA_OUTPUT_LENGTH,
+)
+from keras_transformer.training.options import PRECISIONS
+
+
+def add_search_options(parser, early_stopping=True):
+    """--beam, --alpha, --max-extra-length (and --early-stopping)."""
+    parser.add_argument("--beam", type=int, default=DEFAULT_BEAM_SIZE,
+                        help=f"beam size (1 = greedy); default {DEFAULT_BEAM_SIZE} (§6.1)")
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                        help=f"length penalty; default {DEFAULT_ALPHA} (§6.1)")
+    parser.add_argument("--max-extra-length", type=int, default=EXTRA_OUTPUT_LENGTH,
+                        help=f"output may exceed the source by this many tokens; default {EXTRA_OUTPUT_LENGTH} (§6.1)")
+    if early_stopping:
+        parser.add_argument("--early-stopping", choices=EARLY_STOPPING, default=DEFAULT_EARLY_STOPPING,
+                            help="exact: stop when no alive hypothesis can win (default); "
+                                 "k_finished: stop once beam-size hypotheses ended (faster)")
+
+
+def add_model_options(parser):
+    """--model, the search options, --precision and --batch-size of translate and evaluate."""
+    parser.add_argument("--model", required=True, help="run directory or exported SavedModel (its base directory "
+                                                      "or one version)")
+    add_search_options(parser)
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="decode in this precision (default: the one the model was trained with)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="with a run directory: use this checkpoint (a path, e.g. from average-checkpoints, "
+                             "or 'latest') instead of model.keras")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per decoding call (default 64)")
+
+
+def load_translator(args):
+    """The translator the options describe."""
+    from keras_transformer.inference.translator import load_translator
+
+    return load_translator(args.model, args.beam, args.alpha, args.max_extra_length, args.early_stopping,
+                           args.precision, checkpoint=args.checkpoint)

@@ -1,0 +1,43 @@
+"""`keras-transformer export`: a SavedModel for TensorFlow Serving (strings in, translations out)."""
+
+from keras_transformer.cli.decoding_options import add_search_options
+from keras_transformer.training.options import PRECISIONS
+
+
+def register(subparsers):
+    parser = subparsers.add_parser(
+        "export",
+        help="export a run as a SavedModel for TensorFlow Serving (strings in, translations out)",
+        description="Writes OUTPUT/<version>/ (saved_model.pb, variables/, assets/spm.model, assets/export.json) "
+                    "with a 'serving_default' signature: inputs tf.string [None] -> translations tf.string [None], "
+                    "scores float32 [None]. Prints the version directory.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="training run directory")
+    parser.add_argument("--output", "-o", required=True, help="model base directory, e.g. saved_models/multi30k_en_de")
+    parser.add_argument("--version", type=int, default=None,
+                        help="version number (default: highest existing + 1, starting at 1)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --version")
+    add_search_options(parser)
+    parser.add_argument("--max-input-length", type=int, default=None,
+                        help="longer sources are truncated to this many tokens (default: the model's max_length)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="export this checkpoint (path or 'latest') instead of the final model.keras")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="the precision the exported graph computes in (default: the model's own)")
+    parser.set_defaults(func=run)
+
+
+def run(args):
+    from keras_transformer.inference.saved_model import export_saved_model
+
+    try:
+        path = export_saved_model(
+            args.run_dir, args.output, version=args.version, beam_size=args.beam, alpha=args.alpha,
+            max_extra_length=args.max_extra_length, overwrite=args.overwrite,
+            max_input_length=args.max_input_length, checkpoint=args.checkpoint,
+            early_stopping=args.early_stopping, dtype=args.precision,
+        )
+    except (FileExistsError, FileNotFoundError) as error:
+        raise SystemExit(f"export: {error}") from None
+    print(path)
+    return 0

@@ -1,0 +1,101 @@
+"""Every use of a private Keras, TensorFlow or tensorflow-text API, in one place.
+
+Each function wraps one private name that has no public equivalent and says
+why it is needed. `tests/test_compat.py` calls each of them, so an upgrade
+that moves one fails there, by name, instead of somewhere deep in training
+or serving. Imports are made inside the functions: importing this module
+loads nothing.
+"""
+
+
+def graph_is_compiled_by_xla():
+    """Whether the TF graph being built is (or is nested in) an XLA cluster (`jit_compile=True`).
+
+    TensorFlow has no public predicate for it; the attention layers write
+    their decoding cache in place only under XLA (`MultiHeadAttention`).
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def save_weights_without_optimizer(model, path):
+    """Writes only the model's weights (not its optimizer's) to a `.weights.h5` file.
+
+    `model.save_weights` also writes the optimizer's variables (twice the
+    size of a checkpoint); Keras' `saving_lib.save_weights_only` can skip them.
+    """
+    from keras.src.saving import saving_lib
+
+    saving_lib.save_weights_only(model, path, objects_to_skip=[model.optimizer] if model.optimizer else None)
+
+
+def learning_rate_schedule(optimizer):
+    """The optimizer's learning rate as given: a schedule object, or a variable.
+
+    `optimizer.learning_rate` evaluates a schedule at the current step; the
+    monitor needs the schedule itself, to give the rate of the update just
+    applied.
+    """
+    return optimizer._learning_rate
+
+
+def build_model_from_spec(model, data_spec):
+    """Builds a compiled model's loss, metrics and optimizer from a dataset's `element_spec`,
+    and stops Keras from building them again from a batch (`fit`'s first step).
+
+    Works around keras-team/keras#20585 under MultiWorkerMirroredStrategy
+    (see `keras_transformer.training.strategy.work_around_keras_multiworker`).
+    """
+    model._symbolic_build(data_batch=data_spec)
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+
+
+def shared_sentencepiece_resource(model_proto, shared_name):
+    """tensorflow-text's SentencePiece model resource, created with a `shared_name`.
+
+    tensorflow-text creates the model resource without a shared name, which
+    makes it private to the op kernel that created it: anything that clears
+    the eager kernel cache (`tf.random.set_seed`, and so
+    `keras.utils.set_random_seed`) deletes it, and every later tokenize call
+    fails with "Resource .../SentencepieceOp/... does not exist"
+    (tensorflow/text#570). A shared name keeps it in the resource manager.
+    Returns the resource, for `attach_sentencepiece_resource`.
+    """
+    import tensorflow as tf
+    from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text_sp
+
+    class SharedSentencepieceResource(tf_text_sp._SentencepieceModelResource):
+        def __init__(self):
+            self._shared_name = shared_name
+            super().__init__(model_proto, name=None)
+
+        def _create_resource(self):
+            with tf.name_scope("SentenceTokenizerInitializer"):
+                return tf_text_sp.gen_sentencepiece_tokenizer.sentencepiece_op(
+                    model=self._model, shared_name=self._shared_name
+                )
+
+    return SharedSentencepieceResource()
+
+
+def attach_sentencepiece_resource(tokenizer, resource):
+    """Makes a `tensorflow_text.SentencepieceTokenizer` use `resource` for its model."""
+    tokenizer._model_resource = resource
+
+
+def serialized_saved_model(export_dir):
+    """The `SavedModel` protocol buffer of `export_dir/saved_model.pb` (to list its ops).
+
+    TensorFlow exposes the proto class only under `tensorflow.core`.
+    """
+    import os
+
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    return proto

@@ -1,0 +1,75 @@
+"""Greedy and beam search decoding (Vaswani et al., 2017, §6.1).
+
+    "we used beam search with a beam size of 4 and length penalty alpha = 0.6
+    [...] We set the maximum output length during inference to input length
+    + 50, but terminate early when possible."  (§6.1)
+
+The length penalty is GNMT's (Wu et al., 2016, "Google's Neural Machine
+Translation System", §7, eq. 14):
+
+    score(Y) = log P(Y | X) / lp(Y),    lp(Y) = ((5 + |Y|) / 6) ** alpha
+
+where |Y| counts the generated tokens, the end token included. (GNMT's
+coverage penalty is not used, as in the paper's tensor2tensor setup.)
+
+Public API:
+
+- `greedy_search(model, source_ids, ...)` -> `(token_ids [B, L], scores [B])`
+- `beam_search(model, source_ids, ...)` -> `(token_ids [B, L], scores [B])`,
+  or `([B, K, L], [B, K])` best first with `return_all=True`
+- `make_decode_fn(model, method, jit_compile, **options)`: a `tf.function`
+  over int32 `source_ids [None, None]`, ready for a SavedModel.
+- `length_penalty(length, alpha)`.
+
+Everything runs as one TensorFlow graph: a `tf.while_loop` (whose loop
+variables keep a fixed shape under XLA), so the search can be exported in a
+SavedModel and compiled with XLA (`jit_compile=True`). Called eagerly, the functions
+build (once per model and options) and run such a graph.
+
+Shape letters: B batch, K beam size, S source length, L output buffer length
+(`max_length`, or S + 50), V vocabulary, N heads, H per-head width.
+
+Incremental decoding (the default, `use_cache=True`): the source is encoded
+once and the cross-attention keys/values are projected once per sentence
+(`model.init_cache`), never copied per hypothesis. Each step feeds the K
+hypotheses' last tokens to `model.decode_step` side by side, as K "positions"
+of their sentence (`[B, K]`, all at output position i): the K queries attend
+to the sentence's one copy of the source, and their self-attention
+keys/values fill K new slots of the cache (slot `i*K + k` holds step i of
+the hypothesis that was k-th at step i). Under XLA the cache is preallocated
+(`[B, N, L*K, H]`, static shapes) and written in place; in a plain graph
+(eager calls, SavedModel, TF Serving) it starts empty and grows by K slots
+per step, so a step copies and attends over the slots in use only, not the
+whole buffer. The cache is never reordered when beams change: each
+hypothesis keeps its ancestry (`[B, K, L]`, the slot of each of its earlier
+steps), and a mask lets it see only those slots. `use_cache=False` is the
+slow reference that reruns `model.decode` over the whole prefix at every
+step.
+
+The model only needs `encode`, `decode`, `init_cache` and `decode_step` (see
+`keras_transformer.model.Transformer`), so tests can pass a stand-in.
+"""
+
+from keras_transformer.decoding.defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_BEAM_SIZE,
+    DEFAULT_EARLY_STOPPING,
+    EARLY_STOPPING,
+    EXTRA_OUTPUT_LENGTH,
+    NEG_INF,
+)
+from keras_transformer.decoding.loops import length_penalty
+from keras_transformer.decoding.search import beam_search, greedy_search, make_decode_fn
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_BEAM_SIZE",
+    "DEFAULT_EARLY_STOPPING",
+    "EARLY_STOPPING",
+    "EXTRA_OUTPUT_LENGTH",
+    "NEG_INF",
+    "beam_search",
+    "greedy_search",
+    "length_penalty",
+    "make_decode_fn",
+]

@@ -1,0 +1,25 @@
+"""Decoding defaults of the paper (Vaswani et al., 2017, §6.1), defined once for the whole package.
+
+    "we used beam search with a beam size of 4 and length penalty alpha = 0.6
+    [...] We set the maximum output length during inference to input length
+    + 50, but terminate early when possible."  (§6.1)
+
+The translator, the SavedModel export, the command line and the benchmarks
+take their defaults from here.
+"""
+
+
+# §6.1: beam size and length penalty.
+DEFAULT_BEAM_SIZE = 4
+DEFAULT_ALPHA = 0.6
+
+# §6.1: maximum output length = input length + 50.
+EXTRA_OUTPUT_LENGTH = 50
+
+# When a sentence's beam search ends (see `beam_search`); the first is the default.
+EARLY_STOPPING = ("exact", "k_finished")
+DEFAULT_EARLY_STOPPING = EARLY_STOPPING[0]
+
+# Log-probability of an impossible event. Finite, so sums and differences never
+# give NaN.
+NEG_INF = -1e9

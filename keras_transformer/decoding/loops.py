@@ -1,0 +1,161 @@
+"""The search loops: greedy and beam search as one `tf.while_loop` each (§6.1).
+
+Beam search keeps K alive and K finished hypotheses per sentence and ranks
+finished ones with the GNMT length penalty (see `beam_search`). Each loop
+calls a step function (`keras_transformer.decoding.steps`) for the logits of
+the next position.
+"""
+
+import tensorflow as tf
+
+from keras_transformer.decoding.defaults import NEG_INF
+from keras_transformer.decoding.steps import make_step_fn, shape_invariants
+from keras_transformer.decoding.tokens import forbid_tokens, output_limits, top_allowed_tokens, write_position
+from keras_transformer.special_ids import PAD_ID
+
+
+def length_penalty(length, alpha):
+    """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016, eq. 14), float32."""
+    length = tf.cast(length, tf.float32)
+    return tf.pow((5.0 + length) / 6.0, tf.cast(alpha, tf.float32))
+
+
+
+def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_id, use_cache, max_extra_length):
+    """Untrimmed greedy search: `(token_ids [B, L], scores [B])`."""
+    batch_size = tf.shape(source_ids)[0]
+    buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
+    memory = model.encode(source_ids, training=False)  # [B, S, D]
+    step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache)
+
+    def body(i, token_ids, scores, done, model_state):
+        logits, model_state = step(i, token_ids[:, None], model_state)  # [B, 1, V]
+        log_probs = forbid_tokens(tf.nn.log_softmax(logits[:, 0]), i, min_length, eos_id)  # [B, V]
+        tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B]
+        token_log_probs = tf.reduce_max(log_probs, axis=-1)  # [B]
+        # Finished sentences only append padding and keep their score.
+        tokens = tf.where(done, PAD_ID, tokens)
+        scores += tf.where(done, 0.0, token_log_probs)
+        token_ids = write_position(token_ids, i, tokens)
+        done = done | tf.equal(tokens, eos_id) | (i + 1 >= limits)
+        return i + 1, token_ids, scores, done, model_state
+
+    def cond(i, token_ids, scores, done, model_state):
+        return (i < buffer_length) & tf.logical_not(tf.reduce_all(done))
+
+    loop_vars = (
+        tf.constant(0, tf.int32),
+        tf.zeros([batch_size, buffer_length], tf.int32),  # token_ids [B, L]
+        tf.zeros([batch_size], tf.float32),  # scores [B]
+        tf.zeros([batch_size], tf.bool),  # done [B]
+        step.initial_state,
+    )
+    invariants = shape_invariants(loop_vars, step)
+    _, token_ids, scores, _, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
+    return token_ids, scores
+
+
+# ----------------------------------------------------------------------------------
+# Beam search
+# ----------------------------------------------------------------------------------
+
+
+def beam_search_graph(
+    model, source_ids, beam_size, alpha, max_length, min_length, bos_id, eos_id, return_all, use_cache,
+    max_extra_length, early_stopping,
+):
+    """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first."""
+    k = beam_size
+    batch_size = tf.shape(source_ids)[0]
+    buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
+
+    # Encode once; the K beams of a sentence share its memory.
+    memory = model.encode(source_ids, training=False)  # [B, S, D]
+    step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=k)
+    # Best score a sentence's alive hypotheses could still reach is divided by this.
+    max_penalty = length_penalty(limits, alpha)  # [B]
+
+    def body(i, alive_ids, alive_log_probs, finished_ids, finished_scores, done, model_state):
+        length = i + 1  # output length after this step
+
+        # 1. Extend every alive hypothesis by every token. Only the best 2K
+        #    tokens of each can be among the 2K best candidates of its
+        #    sentence, so only those are kept.
+        logits, model_state = step(i, alive_ids, model_state)  # [B, K, V]
+        token_log_probs, tokens = top_allowed_tokens(logits, 2 * k, i, min_length, eos_id)  # [B, K, C]
+        candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
+        per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller
+
+        # 2. The 2K best candidates: at most K end with EOS, so K can go on.
+        top_log_probs, top_flat = tf.math.top_k(
+            tf.reshape(candidate_log_probs, [batch_size, k * per_beam]), k=2 * k
+        )  # [B, 2K], sorted best first
+        top_beams = top_flat // per_beam  # [B, 2K]: the alive hypothesis each extends
+        top_tokens = tf.gather(tf.reshape(tokens, [batch_size, k * per_beam]), top_flat, batch_dims=1)  # [B, 2K]
+        top_ids = tf.gather(alive_ids, top_beams, batch_dims=1)  # [B, 2K, L]
+        top_ids = write_position(top_ids, i, top_tokens)
+        ends = tf.equal(top_tokens, eos_id) | (length >= limits)[:, None]  # [B, 2K]
+
+        # 3. Finished: the candidates that end and rank in the top K (the new
+        #    beam), scored with the length penalty; keep the K best overall.
+        in_beam = tf.range(2 * k) < k  # [2K]
+        new_scores = top_log_probs / length_penalty(length, alpha)  # [B, 2K]
+        new_scores = tf.where(ends & in_beam, new_scores, NEG_INF)
+        merged_scores = tf.concat([finished_scores, new_scores], axis=1)  # [B, 3K]
+        merged_ids = tf.concat([finished_ids, top_ids], axis=1)  # [B, 3K, L]
+        new_finished_scores, keep = tf.math.top_k(merged_scores, k=k)  # [B, K]
+        new_finished_ids = tf.gather(merged_ids, keep, batch_dims=1)  # [B, K, L]
+
+        # 4. Alive: the K best candidates that do not end.
+        new_alive_log_probs, keep = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=k)  # [B, K]
+        new_alive_ids = tf.gather(top_ids, keep, batch_dims=1)  # [B, K, L]
+        parents = tf.gather(top_beams, keep, batch_dims=1)  # [B, K]
+        model_state = step.reorder(model_state, parents)
+
+        # 5. Freeze sentences that were already done; mark the newly done ones.
+        frozen = done[:, None]  # [B, 1]
+        alive_ids = tf.where(frozen[..., None], alive_ids, new_alive_ids)
+        alive_log_probs = tf.where(frozen, alive_log_probs, new_alive_log_probs)
+        finished_ids = tf.where(frozen[..., None], finished_ids, new_finished_ids)
+        finished_scores = tf.where(frozen, finished_scores, new_finished_scores)
+        cannot_improve = _cannot_improve(alive_log_probs, finished_scores, max_penalty, early_stopping, return_all)
+        done = done | (length >= limits) | cannot_improve
+        return i + 1, alive_ids, alive_log_probs, finished_ids, finished_scores, done, model_state
+
+    def cond(i, alive_ids, alive_log_probs, finished_ids, finished_scores, done, model_state):
+        return (i < buffer_length) & tf.logical_not(tf.reduce_all(done))
+
+    loop_vars = _initial_beam_state(batch_size, k, buffer_length, step)
+    outputs = tf.while_loop(cond, body, loop_vars, shape_invariants=shape_invariants(loop_vars, step))
+    # A sentence ends at its length limit at the latest, where the whole new
+    # beam finishes: every sentence has finished hypotheses.
+    return outputs[3], outputs[4]
+
+
+def _cannot_improve(alive_log_probs, finished_scores, max_penalty, early_stopping, return_all):
+    """Whether each sentence's search is over `[B]` (step 5 of `beam_search`)."""
+    if early_stopping == "k_finished":
+        # The finished set is sorted: the K-th is real once K have finished.
+        return finished_scores[:, -1] > NEG_INF / 2
+    # Alive hypotheses are sorted: the first one has the best log P, and
+    # dividing it by the penalty at the length limit bounds what any can reach.
+    best_alive_bound = alive_log_probs[:, 0] / max_penalty
+    target = finished_scores[:, -1] if return_all else finished_scores[:, 0]
+    return target >= best_alive_bound
+
+
+def _initial_beam_state(batch_size, k, buffer_length, step):
+    """The loop variables before step 0: `(i, alive_ids, alive_log_probs, finished_ids, finished_scores,
+    done, model_state)`."""
+    # Only beam 0 starts alive: the other K-1 copies of the start token would
+    # otherwise fill the first beam with duplicates.
+    initial_log_probs = tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)], tf.float32), [batch_size, 1])  # [B, K]
+    return (
+        tf.constant(0, tf.int32),
+        tf.zeros([batch_size, k, buffer_length], tf.int32),  # alive_ids [B, K, L]
+        initial_log_probs,  # alive_log_probs [B, K]
+        tf.zeros([batch_size, k, buffer_length], tf.int32),  # finished_ids [B, K, L]
+        tf.fill([batch_size, k], NEG_INF),  # finished_scores [B, K]
+        tf.zeros([batch_size], tf.bool),  # done [B]
+        step.initial_state,
+    )

@@ -1,0 +1,224 @@
+"""The public searches: `greedy_search`, `beam_search` and `make_decode_fn` (§6.1).
+
+Argument checks, the eager entry points (which build and cache one graph per
+model and options) and the `tf.function` for SavedModels. The loops
+themselves are in `keras_transformer.decoding.loops`.
+"""
+
+import inspect
+import weakref
+
+import tensorflow as tf
+
+from keras_transformer.decoding.defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_BEAM_SIZE,
+    DEFAULT_EARLY_STOPPING,
+    EARLY_STOPPING,
+    EXTRA_OUTPUT_LENGTH,
+)
+from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
+from keras_transformer.decoding.tokens import trim_padding
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
+
+
+def greedy_search(
+    model,
+    source_ids,
+    max_length=None,
+    min_length=0,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+    use_cache=True,
+    max_extra_length=EXTRA_OUTPUT_LENGTH,
+):
+    """Greedy decoding: the most probable token at every step.
+
+    Args:
+        model: a `Transformer` (or any object with `encode`, `decode`,
+            `init_cache`, `decode_step`).
+        source_ids: int `[B, S]`, 0-padded.
+        max_length: None for each sentence's own source length (its non-pad
+            tokens) + 50 (§6.1); an int for at most that many output tokens.
+        min_length: the end token is forbidden among the first `min_length`
+            output tokens (CTranslate2's `min_decoding_length`).
+        bos_id, eos_id: start and end token ids.
+        use_cache: False recomputes the whole prefix at every step (reference).
+        max_extra_length: with `max_length=None`, each sentence's output may
+            be this many tokens longer than its source (50 in §6.1).
+
+    Returns:
+        `token_ids` int32 `[B, L]`: the output tokens without the start token,
+        ending with `eos_id` (or at the length limit) and then 0-padded; L is
+        the longest output.
+        `scores` float32 `[B]`: sum of the tokens' log-probabilities (end
+        token included).
+
+    The pad id is never generated.
+    """
+    options = dict(max_length=max_length, min_length=min_length, bos_id=bos_id, eos_id=eos_id,
+                   use_cache=use_cache, max_extra_length=max_extra_length)
+    _check_options(**options)
+    if tf.executing_eagerly():
+        return _eager_call(model, "greedy", source_ids, options)
+    source_ids = tf.cast(source_ids, tf.int32)
+    token_ids, scores = greedy_search_graph(model, source_ids, **options)
+    return trim_padding(token_ids), scores
+
+
+def beam_search(
+    model,
+    source_ids,
+    beam_size=DEFAULT_BEAM_SIZE,
+    alpha=DEFAULT_ALPHA,
+    max_length=None,
+    min_length=0,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+    return_all=False,
+    use_cache=True,
+    max_extra_length=EXTRA_OUTPUT_LENGTH,
+    early_stopping=DEFAULT_EARLY_STOPPING,
+):
+    """Beam search with the GNMT length penalty, as in §6.1 (K = 4, alpha = 0.6).
+
+    The search keeps, per sentence, K "alive" hypotheses that are still
+    growing and K "finished" ones (ended by the end token or by the length
+    limit) ranked by `log P / lp` with `lp = ((5 + len) / 6) ** alpha`
+    (Wu et al., 2016). At every step:
+
+    1. each alive hypothesis is extended by every token: K * V candidates,
+       scored by their summed log-probability;
+    2. the 2K best candidates are kept (at most K of them end with the end
+       token, so at least K can go on);
+    3. as in a plain beam of width K, the K best candidates form the new
+       beam: those of them that end (end token, or length limit) move to the
+       finished set, scored `log P / lp(len)`, which keeps its K best;
+    4. the K best candidates that do not end become the new alive set (each
+       inherits its parent's ancestry in the cache; nothing is copied);
+    5. a sentence is done when no alive hypothesis can still beat its best
+       finished one (its best log P divided by the penalty at the sentence's
+       maximum length is an upper bound of what it can reach, since log P
+       only decreases and lp only grows), or when it reaches its length
+       limit. Done sentences are frozen; the loop stops when all are done.
+       With `early_stopping="k_finished"` a sentence is done as soon as it
+       has K finished hypotheses (fairseq's rule): faster, since with
+       alpha > 0 the exact bound can keep a sentence going long after its
+       best hypothesis ended, but a longer hypothesis that would have scored
+       better after more steps is no longer found.
+
+    With `return_all=True` a sentence only stops once no alive hypothesis can
+    beat the K-th finished one, so all K returned hypotheses are exact.
+
+    Args:
+        model: a `Transformer` (or any object with `encode`, `decode`,
+            `init_cache`, `decode_step`).
+        source_ids: int `[B, S]`, 0-padded.
+        beam_size: K.
+        alpha: length penalty exponent; 0 ranks by raw log-probability.
+        max_length: None for each sentence's own source length + 50 (§6.1);
+            an int for at most that many output tokens.
+        min_length: the end token is forbidden among the first `min_length`
+            output tokens (CTranslate2's `min_decoding_length`).
+        bos_id, eos_id: start and end token ids.
+        return_all: return the K finished hypotheses, best first.
+        use_cache: False recomputes the whole prefix at every step (reference).
+        max_extra_length: with `max_length=None`, each sentence's output may
+            be this many tokens longer than its source (50 in §6.1).
+        early_stopping: "exact" (default: stop a sentence when no alive
+            hypothesis can beat its best finished one, as tensor2tensor does)
+            or "k_finished" (stop once K hypotheses have finished).
+
+    Returns:
+        `token_ids` int32 `[B, L]` (`[B, K, L]` with `return_all`): without the
+        start token, ending with `eos_id` (or at the length limit), then
+        0-padded; L is the longest returned output. `scores` float32 `[B]` (`[B, K]`): the length-penalized
+        log-probabilities, best first.
+
+    Beam size 1 with alpha = 0 gives the greedy result and score. The pad id
+    is never generated.
+    """
+    options = dict(beam_size=beam_size, alpha=alpha, max_length=max_length, min_length=min_length,
+                   bos_id=bos_id, eos_id=eos_id, return_all=return_all, use_cache=use_cache,
+                   max_extra_length=max_extra_length, early_stopping=early_stopping)
+    _check_options(**options)
+    if tf.executing_eagerly():
+        return _eager_call(model, "beam", source_ids, options)
+    source_ids = tf.cast(source_ids, tf.int32)
+    token_ids, scores = beam_search_graph(model, source_ids, **options)  # [B, K, L], [B, K]
+    if not return_all:
+        token_ids, scores = token_ids[:, 0], scores[:, 0]  # [B, L], [B]
+    return trim_padding(token_ids), scores
+
+
+def make_decode_fn(model, method="beam", jit_compile=False, **options):
+    """A `tf.function` `source_ids -> (token_ids, scores)` for serving or benchmarks.
+
+    Args:
+        model: the `Transformer`.
+        method: "beam" or "greedy".
+        jit_compile: compile the search with XLA (one compilation per input
+            shape).
+        **options: keyword arguments of `beam_search` / `greedy_search`
+            (e.g. `beam_size=4, alpha=0.6, max_length=None`).
+
+    Returns:
+        a `tf.function` with input signature `[None, None]` int32, suitable for
+        `tf.saved_model.save` (attach it to a `tf.Module` that also tracks the
+        model).
+
+    Example:
+    >>> translate = make_decode_fn(model, "beam", beam_size=4, alpha=0.6)
+    >>> token_ids, scores = translate(source_ids)
+    """
+    return _make_decode_fn(lambda: model, method, jit_compile, options)
+
+
+def _check_options(beam_size=1, alpha=0.0, max_length=None, min_length=0, bos_id=BOS_ID, eos_id=EOS_ID,
+                   max_extra_length=EXTRA_OUTPUT_LENGTH, early_stopping=DEFAULT_EARLY_STOPPING, **_):
+    if early_stopping not in EARLY_STOPPING:
+        raise ValueError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}.")
+    if not float(alpha) >= 0.0:
+        raise ValueError(f"alpha must be >= 0, got {alpha!r}.")
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(f"max_length must be None or a positive integer, got {max_length!r}.")
+    if isinstance(max_extra_length, bool) or not isinstance(max_extra_length, int) or max_extra_length < 1:
+        raise ValueError(f"max_extra_length must be a positive integer, got {max_extra_length!r}.")
+    if isinstance(min_length, bool) or not isinstance(min_length, int) or min_length < 0:
+        raise ValueError(f"min_length must be a non-negative integer, got {min_length!r}.")
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if isinstance(value, bool) or not isinstance(value, int) or value == PAD_ID:
+            raise ValueError(f"{name} must be an integer token id other than the pad id 0, got {value!r}.")
+
+
+# Graph functions built for eager calls, per model (weakly) and options.
+_EAGER_FUNCTIONS = weakref.WeakKeyDictionary()
+
+
+def _eager_call(model, method, source_ids, options):
+    functions = _EAGER_FUNCTIONS.setdefault(model, {})
+    key = (method, tuple(sorted(options.items())))
+    if key not in functions:
+        model_ref = weakref.ref(model)  # the cache must not keep the model alive
+        functions[key] = _make_decode_fn(model_ref, method, False, options)
+    return functions[key](tf.cast(source_ids, tf.int32))
+
+
+def _make_decode_fn(get_model, method, jit_compile, options):
+    if method not in ("beam", "greedy"):
+        raise ValueError(f"method must be 'beam' or 'greedy', got {method!r}.")
+    search = beam_search if method == "beam" else greedy_search
+    unknown = sorted(set(options) - set(inspect.signature(search).parameters) - {"model", "source_ids"})
+    if unknown:
+        raise TypeError(f"{search.__name__} has no option(s) {', '.join(unknown)}.")
+    _check_options(**options)
+    signature = [tf.TensorSpec([None, None], tf.int32, name="source_ids")]
+
+    # No autograph: the search is explicit TensorFlow control flow already.
+    @tf.function(input_signature=signature, jit_compile=bool(jit_compile), autograph=False)
+    def decode(source_ids):
+        return search(get_model(), source_ids, **options)
+
+    return decode

@@ -1,0 +1,130 @@
+"""One decoder step of the search, with the incremental cache or without (reference).
+
+Shape letters: B batch, K beam size, S source length, L output buffer length,
+V vocabulary, N heads, H per-head width.
+"""
+
+import tensorflow as tf
+
+from keras_transformer.layers.attention import in_place_cache_writes
+
+
+class _CachedStep:
+    """Feeds the K hypotheses of each sentence to `model.decode_step` side by side.
+
+    State: `(self_attention_cache, ancestry)`. Slot `j*K + k` of the cache is
+    written at step j by the hypothesis then k-th in the beam; `ancestry
+    [B, K, L]` holds, for each hypothesis, the beam index its prefix had at
+    each earlier step, so hypothesis k at step i sees slots
+    `j*K + ancestry[k, j]` for j < i and `i*K + k` (its own step). Under XLA
+    the cache has all `L*K` slots from the start; otherwise it grows.
+    """
+
+    def __init__(self, model, memory, source_ids, buffer_length, bos_id, beam_size):
+        self.model = model
+        self.bos_id = bos_id
+        self.beam_size = beam_size
+        self.buffer_length = buffer_length
+        self.memory = memory  # [B, S, D]: one copy per sentence, shared by its hypotheses
+        self.source_ids = source_ids
+        # XLA needs static shapes: one preallocated buffer written in place.
+        # A plain graph appends K slots per step instead of copying the buffer.
+        # The attention layers' own test decides, so both always agree.
+        self.growing = not in_place_cache_writes()
+        slots = 0 if self.growing else buffer_length * beam_size
+        cache = model.init_cache(memory, slots)  # cross K/V computed once
+        self.invariant = {key: value for key, value in cache.items() if key != "self"}  # "cross", ...
+        ancestry = tf.zeros([tf.shape(source_ids)[0], beam_size, buffer_length], tf.int32)
+        self.initial_state = (cache["self"], ancestry)
+
+    @property
+    def state_shape_invariants(self):
+        """The state keeps its shapes, except the slot axis of a growing cache."""
+        self_cache, ancestry = self.initial_state
+
+        def slots_vary(tensor):  # [B, N, slots, H]
+            shape = tensor.shape.as_list()
+            shape[2] = None
+            return tf.TensorShape(shape)
+
+        cache_shapes = tf.nest.map_structure(slots_vary if self.growing else (lambda t: t.shape), self_cache)
+        return cache_shapes, ancestry.shape
+
+    def __call__(self, i, token_ids, state):
+        """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state)."""
+        self_cache, ancestry = state
+        k = self.beam_size
+        previous = tf.gather(token_ids, tf.maximum(i - 1, 0), axis=2)  # [B, K]
+        previous = tf.where(i > 0, previous, self.bos_id)
+        steps = tf.range(self.buffer_length)  # [L]
+        ancestry = tf.where(tf.equal(steps, i), tf.range(k)[:, None], ancestry)  # [B, K, L]
+        # The slots of steps 0..i: all L*K of a preallocated cache (later ones masked).
+        seen = i + 1 if self.growing else self.buffer_length  # L'
+        visible = tf.equal(ancestry[:, :, :seen, None], tf.range(k)) & (steps[:seen] <= i)[:, None]  # [B, K, L', K]
+        mask = tf.reshape(visible, [tf.shape(ancestry)[0], k, seen * k])  # [B, K, L'*K]
+        logits, cache = self.model.decode_step(
+            previous,
+            self.memory,
+            self.source_ids,
+            {"self": self_cache, **self.invariant},
+            i * k,
+            positions=tf.fill([k], i),
+            self_attention_mask=mask,
+        )  # [B, K, V]
+        return logits, (cache["self"], ancestry)
+
+    @staticmethod
+    def reorder(state, parents):
+        """New hypothesis k continues `parents [B, K]`: it inherits that one's ancestry, not a cache copy."""
+        self_cache, ancestry = state
+        return self_cache, tf.gather(ancestry, parents, batch_dims=1)
+
+
+class _UncachedStep:
+    """Reference: reruns `model.decode` over the whole prefix at every step; no state."""
+
+    initial_state = ()
+    state_shape_invariants = ()
+
+    def __init__(self, model, memory, source_ids, buffer_length, bos_id, beam_size):
+        self.model = model
+        self.bos_id = bos_id
+        self.memory = _tile_beams(memory, beam_size)  # [B*K, S, D]
+        self.source_ids = _tile_beams(source_ids, beam_size)
+
+    def __call__(self, i, token_ids, state):
+        """`token_ids [B, K, L]` -> (logits of step i [B, K, V], state)."""
+        batch, k = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
+        flat_ids = tf.reshape(token_ids, [batch * k, -1])  # [B*K, L]
+        start = tf.fill([batch * k, 1], self.bos_id)
+        inputs = tf.concat([start, flat_ids[:, :i]], axis=1)  # [B*K, i + 1]: start, then the prefix
+        logits = self.model.decode(inputs, self.memory, self.source_ids, training=False)
+        logits = tf.gather(logits, i, axis=1)  # [B*K, V]
+        vocab_size = logits.shape[-1] if logits.shape[-1] is not None else tf.shape(logits)[-1]
+        return tf.reshape(logits, [batch, k, vocab_size]), state
+
+    @staticmethod
+    def reorder(state, parents):
+        return state
+
+
+def make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=1):
+    step_class = _CachedStep if use_cache else _UncachedStep
+    return step_class(model, memory, source_ids, buffer_length, bos_id, beam_size)
+
+
+
+def shape_invariants(loop_vars, step):
+    """Every loop variable keeps its shape, except what the step's state lets change."""
+    return tf.nest.map_structure(lambda tensor: tensor.shape, loop_vars[:-1]) + (step.state_shape_invariants,)
+
+
+
+def _tile_beams(tensor, beam_size):
+    """`[B, ...]` -> `[B*K, ...]`, each row repeated K times in a row."""
+    if beam_size == 1:
+        return tensor
+    shape = tf.shape(tensor)
+    tiled = tf.tile(tensor[:, None], [1, beam_size] + [1] * (len(tensor.shape) - 1))
+    return tf.reshape(tiled, tf.concat([[shape[0] * beam_size], shape[1:]], axis=0))
+

@@ -1,0 +1,106 @@
+"""Token-level pieces of the search: output limits, forbidden tokens, an exact fast top-k."""
+
+import tensorflow as tf
+
+from keras_transformer.decoding.defaults import EXTRA_OUTPUT_LENGTH, NEG_INF
+from keras_transformer.special_ids import PAD_ID
+
+
+def output_limits(model, source_ids, max_length, max_extra_length=EXTRA_OUTPUT_LENGTH):
+    """Output buffer length L (scalar) and each sentence's maximum output length `[B]`.
+
+    None: source length + `max_extra_length` (50 in §6.1) per sentence,
+    L = S + `max_extra_length` (a static value under XLA). With learned positions, L is capped by the position table.
+    """
+    if max_length is None:
+        source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
+        buffer_length = tf.shape(source_ids)[1] + max_extra_length
+        limits = source_lengths + max_extra_length
+    else:
+        buffer_length = tf.constant(max_length, tf.int32)
+        limits = tf.fill([tf.shape(source_ids)[0]], max_length)
+    config = getattr(model, "config", None)
+    if getattr(config, "positional_encoding", None) == "learned":
+        # Step i feeds position i (the start token sits at 0).
+        buffer_length = tf.minimum(buffer_length, config.max_length)
+    return buffer_length, tf.minimum(limits, buffer_length)
+
+
+def forbid_tokens(log_probs, i, min_length, eos_id):
+    """Pad is never generated; the end token not before `min_length` tokens. `[..., V]`."""
+    token = tf.range(tf.shape(log_probs)[-1])
+    forbidden = tf.equal(token, PAD_ID)
+    if min_length > 0:
+        forbidden |= tf.equal(token, eos_id) & (i < min_length)
+    return tf.where(forbidden, NEG_INF, log_probs)
+
+
+def top_allowed_tokens(logits, count, i, min_length, eos_id):
+    """The `count` most probable allowed tokens of each row of `logits [R, K, V]`.
+
+    Returns `(log_probs, ids)`, each `[R, K, C]` with C = min(count, V), best
+    first: log P(token) = logit - logsumexp(logits), over the whole vocabulary.
+    Pad is never allowed, the end token not before `min_length` tokens: the
+    top `count` + (number of forbidden tokens) are taken, the forbidden ones
+    masked, and the best `count` kept. Exact, with no pass over the
+    vocabulary besides the top-k and one softmax.
+    """
+    vocab_size = logits.shape[-1]
+    forbidden_count = 1 + int(min_length > 0)
+    wanted = count + forbidden_count
+    if vocab_size is not None:
+        wanted, count = min(wanted, vocab_size), min(count, vocab_size)
+    values, ids = blocked_top_k(logits, wanted)  # [R, K, count + forbidden], best first
+    log_normalizer = tf.reduce_logsumexp(logits, axis=-1, keepdims=True)  # [R, K, 1]
+    forbidden = tf.equal(ids, PAD_ID)
+    if min_length > 0:
+        forbidden |= tf.equal(ids, eos_id) & (i < min_length)
+    values, keep = tf.math.top_k(tf.where(forbidden, NEG_INF, values - log_normalizer), k=count)
+    return values, tf.gather(ids, keep, batch_dims=2)
+
+
+def blocked_top_k(x, k):
+    """Exact `tf.math.top_k(x, k)` over the last axis of `x [R, K, V]`, k << V: 3-4x faster on CPU.
+
+    The V entries are cut into blocks of about sqrt(V). Each of the k largest
+    entries lies in a block whose maximum is at least as large, and at most k
+    blocks have such a maximum: the k blocks with the largest maxima hold the
+    top k. So: one max-reduction over the blocks, a top-k over the block
+    maxima, and a top-k over the k chosen blocks (k*sqrt(V) entries) instead of
+    a top-k over V.
+    """
+    vocab_size = x.shape[-1]
+    block = block_size(vocab_size, k)
+    if block is None:
+        return tf.math.top_k(x, k=k)
+    rows, beams = tf.shape(x)[0], tf.shape(x)[1]
+    num_blocks = vocab_size // block
+    blocks = tf.reshape(x, [rows, beams, num_blocks, block])  # [R, K, NB, block]
+    _, best_blocks = tf.math.top_k(tf.reduce_max(blocks, axis=-1), k=k)  # [R, K, k]
+    candidates = tf.gather(blocks, best_blocks, batch_dims=2)  # [R, K, k, block]
+    values, position = tf.math.top_k(tf.reshape(candidates, [rows, beams, k * block]), k=k)
+    ids = tf.gather(best_blocks, position // block, batch_dims=2) * block + position % block
+    return values, ids
+
+
+def block_size(vocab_size, k):
+    """A divisor of V near sqrt(V) leaving more than k blocks, or None (plain top-k)."""
+    if vocab_size is None or vocab_size < 64 * k:
+        return None
+    root = vocab_size**0.5
+    divisors = [d for d in range(int(root / 2), int(2 * root) + 1) if d > 0 and vocab_size % d == 0]
+    divisors = [d for d in divisors if vocab_size // d > k]
+    return min(divisors, key=lambda d: abs(d - root)) if divisors else None
+
+
+def write_position(token_ids, i, tokens):
+    """`token_ids[..., i] = tokens` for `token_ids [..., L]`, `tokens [...]` (XLA-friendly)."""
+    at_i = tf.equal(tf.range(tf.shape(token_ids)[-1]), i)
+    return tf.where(at_i, tokens[..., None], token_ids)
+
+
+
+def trim_padding(token_ids):
+    """Drops trailing columns that are padding in every row (a bounded dynamic shape under XLA)."""
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
+    return token_ids[..., : tf.reduce_max(lengths)]

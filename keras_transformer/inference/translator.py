@@ -1,0 +1,229 @@
+"""Text in, text out: tokenizer + Transformer + beam search in one TensorFlow graph.
+
+`Translator` is a `tf.Module` whose `translate_strings` is a `tf.function`
+from a batch of sentences to translations and scores. The same function is
+what `keras_transformer.export` saves for TensorFlow Serving, so a served
+model answers exactly as the in-process one.
+
+Defined answers for awkward input (no crash, no hang):
+
+- an empty or blank sentence gets an empty translation and score 0;
+- invalid UTF-8 bytes are replaced by U+FFFD before tokenization;
+- a sentence longer than the model's `max_length` tokens is truncated (its
+  output is then bounded by `max_length + max_extra_length`);
+- an empty batch gives empty outputs.
+"""
+
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer import decoding
+from keras_transformer.decoding.defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_BEAM_SIZE,
+    DEFAULT_EARLY_STOPPING,
+    EXTRA_OUTPUT_LENGTH,
+)
+from keras_transformer.special_ids import EOS_ID, PAD_ID
+
+logger = logging.getLogger(__name__)
+
+
+class Translator(tf.Module):
+    """Translates sentences with a trained `Transformer` and its `Tokenizer` (§6.1 decoding).
+
+    Args:
+        model: the `Transformer`.
+        tokenizer: the `Tokenizer` the model was trained with.
+        beam_size: K; 4 in the paper. 1 decodes greedily.
+        alpha: length penalty; 0.6 in the paper.
+        max_extra_length: output may be this many tokens longer than the
+            source (50 in the paper).
+        max_input_length: longest source in tokens (EOS included); longer
+            ones are truncated. Default: the model's `config.max_length`.
+        jit_compile: compile the search with XLA.
+        early_stopping: "exact" (default) or "k_finished", see
+            `keras_transformer.decoding.beam_search`.
+
+    Attributes:
+        search: the search as a `tf.function`, source ids `[B, S]` ->
+            `(token_ids, scores)` (`keras_transformer.decoding.make_decode_fn`);
+            its scores are raw from the search (log P for greedy).
+
+    Example:
+    >>> translator = Translator.from_run_dir("runs/multi30k")
+    >>> translator.translate(["A dog runs on the beach."])
+    ['Ein Hund läuft am Strand.']
+    """
+
+    def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
+                 max_extra_length=EXTRA_OUTPUT_LENGTH, max_input_length=None, jit_compile=False,
+                 early_stopping=DEFAULT_EARLY_STOPPING, name="translator"):
+        super().__init__(name=name)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.beam_size = int(beam_size)
+        self.alpha = float(alpha)
+        self.max_extra_length = int(max_extra_length)
+        self.early_stopping = early_stopping
+        self.max_input_length = int(max_input_length or model.config.max_length)
+        if self.max_input_length < 2:
+            raise ValueError(f"max_input_length must be at least 2, got {self.max_input_length}.")
+        options = dict(max_extra_length=self.max_extra_length)
+        if self.beam_size == 1:
+            self.search = decoding.make_decode_fn(model, "greedy", jit_compile=jit_compile, **options)
+        else:
+            self.search = decoding.make_decode_fn(
+                model, "beam", jit_compile=jit_compile, beam_size=self.beam_size, alpha=self.alpha,
+                early_stopping=early_stopping, **options
+            )
+
+    # In-graph -------------------------------------------------------------------
+
+    def source_ids(self, sentences):
+        """Sentences `[N]` -> 0-padded source ids `[N, S]`: subwords, truncated, then EOS."""
+        sentences = tf.strings.unicode_transcode(
+            sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+        )
+        sentences = tf.strings.strip(sentences)
+        pieces = self.tokenizer.tokenize(sentences)[:, : self.max_input_length - 1]
+        eos = tf.fill([tf.shape(sentences)[0], 1], tf.constant(EOS_ID, pieces.dtype))
+        return tf.concat([pieces, eos], axis=1).to_tensor(default_value=PAD_ID)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def translate_strings(self, inputs):
+        """`inputs` tf.string `[N]` -> `{"translations": tf.string [N], "scores": float32 [N]}`.
+
+        A score is `log P(Y | X) / lp(|Y|)`, `lp = ((5 + |Y|) / 6) ** alpha`
+        (GNMT's length penalty, §6.1), |Y| counting the generated tokens with
+        the end token, for every beam size (greedy too); 0 for a blank input.
+        """
+        blank = tf.equal(tf.strings.length(tf.strings.strip(inputs)), 0)
+
+        def run():
+            token_ids, scores = self.search(self.source_ids(inputs))
+            if self.beam_size == 1:
+                # Greedy search gives log P; every score is log P / lp(|Y|), as beam search's.
+                lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
+                scores = scores / decoding.length_penalty(lengths, self.alpha)
+            return self.tokenizer.detokenize(token_ids), scores
+
+        def nothing():
+            return tf.zeros([0], tf.string), tf.zeros([0], tf.float32)
+
+        translations, scores = tf.cond(tf.size(inputs) > 0, run, nothing)
+        return {
+            "translations": tf.where(blank, "", translations),
+            "scores": tf.where(blank, 0.0, scores),
+        }
+
+    # Python convenience ---------------------------------------------------------------
+
+    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2):
+        """Translates a list of `str`, batching sentences of similar length.
+
+        Args:
+            sentences: list of str.
+            batch_size: sentences per decoding call.
+            progress: show a progress bar on stderr.
+            return_scores: also return the list of scores.
+            workers: batches decoded at the same time (threads). A decoding
+                step is a chain of small ops that leaves cores idle: on a
+                2-core AVX512 machine, two batches in flight translated
+                test2016 in 22-24 s instead of 27-29 s. Results do not
+                depend on it.
+        """
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be a positive integer, got {workers!r}.")
+        sentences = list(sentences)
+        lengths = [len(s.encode("utf-8", "replace")) for s in sentences]
+        order = np.argsort(lengths, kind="stable")[::-1]  # longest first: errors show early
+        chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        translations, scores = [""] * len(sentences), [0.0] * len(sentences)
+        bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
+
+        def run(rows):
+            return rows, self.translate_strings(tf.constant([sentences[i] for i in rows], tf.string))
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            # The first batch alone: it traces the graph functions once.
+            results = itertools.chain([run(chunks[0])] if chunks else [], pool.map(run, chunks[1:]))
+            for rows, out in results:
+                for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy()):
+                    translations[row] = text.decode("utf-8")
+                    scores[row] = float(score)
+                if bar is not None:
+                    # Keras' Progbar writes to stdout, which holds the translations.
+                    with contextlib.redirect_stdout(sys.stderr):
+                        bar.add(len(rows))
+        return (translations, scores) if return_scores else translations
+
+    @classmethod
+    def from_run_dir(cls, run_dir, dtype=None, checkpoint=None, **options):
+        """A translator for the final model of a training run directory.
+
+        `dtype`: decode under this dtype policy ("float32", "mixed_bfloat16");
+        default the precision the model was trained with. `checkpoint`: a
+        checkpoint (or averaged weights) path, or "latest", instead of the
+        final `model.keras`.
+        """
+        from keras_transformer.run_dir import load_run
+
+        model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=dtype)
+        return cls(model, tokenizer, **options)
+
+
+class SavedModelTranslator:
+    """The same `translate` interface over an exported SavedModel (`serving_default`)."""
+
+    def __init__(self, path):
+        self.path = resolve_saved_model_dir(path)
+        self._loaded = tf.saved_model.load(self.path)
+        self._serve = self._loaded.signatures["serving_default"]
+
+    def translate_strings(self, inputs):
+        return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
+
+    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2):
+        return Translator.translate(self, sentences, batch_size, progress, return_scores, workers)
+
+
+def resolve_saved_model_dir(path):
+    """`path` itself if it holds a SavedModel, else its highest numbered version subdirectory."""
+    if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    versions = [d.rstrip("/") for d in tf.io.gfile.listdir(path) if d.rstrip("/").isdigit()]
+    versions = [v for v in versions if tf.io.gfile.exists(os.path.join(path, v, "saved_model.pb"))]
+    if not versions:
+        raise FileNotFoundError(f"No SavedModel in {path} (no saved_model.pb, no numbered version directory).")
+    return os.path.join(path, max(versions, key=int))
+
+
+def is_saved_model(path):
+    try:
+        resolve_saved_model_dir(path)
+        return True
+    except (FileNotFoundError, tf.errors.NotFoundError):
+        return False
+
+
+def load_translator(path, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
+                    early_stopping=DEFAULT_EARLY_STOPPING, precision=None, checkpoint=None):
+    """A translator for a run directory or an exported SavedModel (whose options are fixed at export)."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"--model {path}: no such directory (expected a run directory or a SavedModel).")
+    if is_saved_model(path):
+        defaults = (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None)
+        if (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint) != defaults:
+            logger.warning("%s is a SavedModel: decoding options were fixed at export; ignoring the ones given.", path)
+        return SavedModelTranslator(path)
+    return Translator.from_run_dir(path, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
+                                   early_stopping=early_stopping, dtype=precision, checkpoint=checkpoint)

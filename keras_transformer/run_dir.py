@@ -1,0 +1,147 @@
+"""The run directory: what training writes and what inference and export read.
+
+Layout (`keras-transformer train --output RUN_DIR`)::
+
+    config.json      model TransformerConfig + training options + data spec
+    spm.model        the SentencePiece vocabulary (reused if present)
+    checkpoints/     ckpt-00001000.weights.h5 ...: model weights every
+                     --checkpoint-every steps (the last --keep-checkpoints kept,
+                     at least --average-last)
+    backup/          full training state (model + optimizer) of the last
+                     checkpoint, for resuming; written atomically
+    logs/            TensorBoard (train/ and validation/)
+    history.csv      one row per epoch (keras.callbacks.CSVLogger)
+    steps.csv        loss, accuracy, learning rate and tokens/s every --log-every steps
+    curves.png       training and validation loss/accuracy (written at the end)
+    model.keras      the final model (averaged if --average-last > 1), float32
+
+This module is shared by `keras_transformer.training` (which writes it) and
+`keras_transformer.inference` (which reads it); neither imports the other.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+from keras_transformer import compat
+
+CONFIG_FILENAME = "config.json"
+TOKENIZER_FILENAME = "spm.model"
+MODEL_FILENAME = "model.keras"
+HISTORY_FILENAME = "history.csv"
+STEPS_FILENAME = "steps.csv"
+CURVES_FILENAME = "curves.png"
+CHECKPOINT_DIR = "checkpoints"
+BACKUP_DIR = "backup"
+LOG_DIR = "logs"
+
+_CHECKPOINT_RE = re.compile(r"ckpt-(\d+)\.weights\.h5$")
+
+
+def atomic_write_text(path, text):
+    """Writes `text` to `path` through a temporary file, so a reader never sees half of it."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def checkpoint_path(directory, step):
+    """`directory/ckpt-{step:08d}.weights.h5`."""
+    return os.path.join(directory, f"ckpt-{step:08d}.weights.h5")
+
+
+def save_model_weights(model, path):
+    """Model weights only (no optimizer) to a `.weights.h5`, atomically."""
+    tmp = os.path.join(os.path.dirname(path), f"tmp-{os.getpid()}-{os.path.basename(path)}")
+    compat.save_weights_without_optimizer(model, tmp)
+    os.replace(tmp, path)
+
+
+def list_checkpoints(run_dir_or_checkpoint_dir):
+    """Checkpoint paths of a run (or a `checkpoints/` directory), oldest first, as (step, path)."""
+    directory = run_dir_or_checkpoint_dir
+    if os.path.isdir(os.path.join(directory, CHECKPOINT_DIR)):
+        directory = os.path.join(directory, CHECKPOINT_DIR)
+    found = []
+    for path in glob.glob(os.path.join(directory, "ckpt-*.weights.h5")):
+        match = _CHECKPOINT_RE.search(os.path.basename(path))
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def read_config(run_dir):
+    """The run's `config.json` as a dict."""
+    path = os.path.join(run_dir, CONFIG_FILENAME)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir} is not a run directory: it has no {CONFIG_FILENAME}.")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def model_config_of_run(run_dir):
+    """The run's `TransformerConfig`."""
+    from keras_transformer.config import TransformerConfig
+
+    return TransformerConfig.from_dict(read_config(run_dir)["model"])
+
+
+def run_dir_of_checkpoint(path):
+    """The run directory a checkpoint file belongs to."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(directory) == CHECKPOINT_DIR:
+        directory = os.path.dirname(directory)
+    return directory
+
+
+def build_model(config, dtype=None):
+    """A built `Transformer` of `config` under the dtype policy `dtype` (default: the global one)."""
+    from keras_transformer.model import Transformer
+
+    model = Transformer(config, dtype=dtype) if dtype else Transformer(config)
+    model.build()
+    return model
+
+
+def load_run(run_dir, checkpoint=None, dtype=None):
+    """The model and tokenizer of a run directory: `(Transformer, Tokenizer)`.
+
+    Loads `model.keras` when the run has finished; otherwise (or with
+    `checkpoint`, a path or "latest") the config and a checkpoint's weights.
+    `dtype`: a dtype policy for the returned model ("float32",
+    "mixed_bfloat16", ...); default: `model.keras`'s own (the training
+    precision), float32 for a checkpoint.
+    """
+    import keras
+
+    from keras_transformer.data.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(os.path.join(run_dir, TOKENIZER_FILENAME))
+    final = os.path.join(run_dir, MODEL_FILENAME)
+    if checkpoint is None and os.path.exists(final):
+        # compile=False then compile(): the saved optimizer is unbuilt, and loading it
+        # into the built one of Transformer.compile_from_config only warns.
+        model = keras.saving.load_model(final, compile=False)
+        if dtype is not None and keras.dtype_policies.get(dtype).name != model.dtype_policy.name:
+            weights = model.get_weights()
+            model = build_model(model.config, dtype=dtype)
+            model.set_weights(weights)
+        model.compile()
+        return model, tokenizer
+    checkpoints = list_checkpoints(run_dir)
+    if checkpoint in (None, "latest"):
+        if not checkpoints:
+            raise FileNotFoundError(f"{run_dir} has neither {MODEL_FILENAME} nor checkpoints.")
+        checkpoint = checkpoints[-1][1]
+    elif not os.path.exists(checkpoint):
+        raise FileNotFoundError(f"Checkpoint {checkpoint} does not exist.")
+    model = build_model(model_config_of_run(run_dir), dtype=dtype or "float32")
+    model.load_weights(checkpoint)
+    model.compile()
+    return model, tokenizer

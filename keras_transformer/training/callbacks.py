@@ -1,0 +1,215 @@
+"""The Keras callbacks of a training run: progress, checkpoints, the time budget and the logs."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_transformer import compat
+from keras_transformer.special_ids import PAD_ID
+
+
+class TargetTokens(keras.metrics.Sum):
+    """Target tokens (labels other than padding) seen, summed over replicas: the `tokens` of tokens/s."""
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(ops.sum(ops.cast(ops.not_equal(y_true, PAD_ID), "float32")))
+
+
+class Sequences(keras.metrics.Sum):
+    """Sentence pairs seen, summed over replicas (weights of the running loss mean)."""
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(ops.cast(ops.shape(y_true)[0], "float32"))
+
+
+def count_metrics():
+    """The `tokens` and `sequences` metrics the monitor reads (they never reach the logs)."""
+    return [TargetTokens(name="tokens"), Sequences(name="sequences")]
+
+
+def current_learning_rate(optimizer, iterations=None):
+    """Learning rate of the update just applied (step `iterations - 1`)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    schedule = compat.learning_rate_schedule(inner)
+    if iterations is None:
+        iterations = int(inner.iterations.numpy())
+    if callable(schedule) and not hasattr(schedule, "numpy"):
+        return float(np.asarray(schedule(max(iterations - 1, 0))))
+    return float(np.asarray(inner.learning_rate))
+
+
+class RunMonitor(keras.callbacks.Callback):
+    """Step counting, checkpoints, the stop at the last step, and what the run shows.
+
+    - Puts `learning_rate` and `tokens_per_sec` (target tokens per second)
+      into the batch logs, so the progress bar shows them next to loss
+      and accuracy, and `step`, `learning_rate`, `tokens_per_sec`,
+      `elapsed` into the epoch logs (history.csv, TensorBoard).
+    - Every `log_every` steps appends to `steps.csv` the loss and accuracy
+      of those steps (Keras logs running means since the epoch began,
+      the loss weighted by sequences and the accuracy by tokens, which the
+      `sequences` and `tokens` metrics give, so differences of the running
+      sums are exact window means).
+    - Every `checkpoint_every` steps writes a checkpoint and the backup
+      (and `epoch_end_backup()` the backup at each epoch end).
+    - Stops training at `total_steps`, or once the run's training time
+      reaches `--time-budget`, with a checkpoint at that step.
+    """
+
+    def __init__(self, run, start_step, total_steps):
+        super().__init__()
+        self.run = run
+        self.step = start_step
+        self.total_steps = total_steps
+        self.stopped_on_nan = False
+        self.out_of_time = False
+        self.last_backup = start_step
+        self.last_validation = None
+        self.timed_tokens = 0.0
+        self.timed_seconds = 0.0
+        self._speed = None
+
+    def on_train_begin(self, logs=None):
+        if self.run.train_start is None:
+            self.run.train_start = time.perf_counter()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start_step = self.step
+        self._first = None  # (time, tokens) at the end of the epoch's first call
+        self._last = None
+        self._speed_ref = None
+        self._window = (0.0, 0.0, 0.0, 0.0)  # sequences, loss sum, tokens, correct
+
+    def on_train_batch_end(self, batch, logs=None):
+        logs = logs if logs is not None else {}
+        now = time.perf_counter()
+        previous, self.step = self.step, self._epoch_start_step + batch + 1
+        if self.model.distribute_strategy.num_replicas_in_sync > 1:
+            # Keras logs the mean (or first) of the replicas' own metric values;
+            # read the metrics across replicas instead: exact global values.
+            logs.update({k: float(np.asarray(v).reshape(-1)[0])
+                         for k, v in self.model.get_metrics_result().items()})
+        tokens = float(logs.pop("tokens", 0.0))
+        sequences = float(logs.pop("sequences", 0.0))
+        loss = float(logs.get("loss", float("nan")))
+        if not math.isfinite(loss):
+            self.stopped_on_nan = True
+        # Speed from the end of the first call of the epoch on (that one includes tracing).
+        if self._first is None:
+            self._first = self._speed_ref = (now, tokens)
+        else:
+            self.timed_seconds += now - self._last[0]
+            self.timed_tokens += tokens - self._last[1]
+            elapsed = now - self._speed_ref[0]
+            if elapsed > 0:
+                self._speed = (tokens - self._speed_ref[1]) / elapsed
+            if elapsed > 10.0:  # a sliding reference keeps the shown rate current
+                self._speed_ref = (now, tokens)
+        self._last = (now, tokens)
+        lr = current_learning_rate(self.model.optimizer)
+        logs["learning_rate"] = lr
+        if self._speed is not None:
+            logs["tokens_per_sec"] = self._speed
+        args = self.run.args
+        self.out_of_time = self.out_of_time or self.run.out_of_time()
+        last = self.step >= self.total_steps or self.out_of_time
+        if self.run.is_chief and (self._crossed(previous, args.log_every) or last):
+            self._log_step(loss, float(logs.get("accuracy", float("nan"))), sequences, tokens, lr)
+        if not self.stopped_on_nan and (self._crossed(previous, args.checkpoint_every) or last):
+            self.run.save_checkpoint(self.model, self.step)
+            self.last_backup = self.step
+        if last:
+            self.model.stop_training = True
+
+    def _crossed(self, previous, every):
+        return self.step // every > previous // every
+
+    def _log_step(self, loss, accuracy, sequences, tokens, lr):
+        seqs0, loss_sum0, tokens0, correct0 = self._window
+        loss_sum, correct = loss * sequences, accuracy * tokens
+        window_loss = (loss_sum - loss_sum0) / (sequences - seqs0) if sequences > seqs0 else loss
+        window_acc = (correct - correct0) / (tokens - tokens0) if tokens > tokens0 else accuracy
+        self._window = (sequences, loss_sum, tokens, correct)
+        self.run.append_step_row(dict(
+            step=self.step,
+            epoch=self.run.epoch_of(self.step),
+            loss=round(window_loss, 6),
+            accuracy=round(window_acc, 6),
+            learning_rate=lr,
+            tokens_per_sec=round(self._speed, 1) if self._speed is not None else "",
+            elapsed_sec=round(time.perf_counter() - self.run.start_time, 2),
+        ))
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs if logs is not None else {}
+        logs["step"] = self.step
+        logs["learning_rate"] = current_learning_rate(self.model.optimizer)
+        if self._first is not None and self._last[0] > self._first[0]:
+            logs["tokens_per_sec"] = (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
+        logs["elapsed"] = time.perf_counter() - self.run.start_time
+        for key in ("val_tokens", "val_sequences"):
+            logs.pop(key, None)
+        if "val_loss" in logs:
+            self.last_validation = (self.step, {k: float(logs[f"val_{k}"]) for k in ("loss", "accuracy")
+                                                if f"val_{k}" in logs})
+
+    def on_test_batch_end(self, batch, logs=None):
+        if logs is not None:
+            logs.pop("tokens", None)
+            logs.pop("sequences", None)
+
+
+class EpochEndBackup(keras.callbacks.Callback):
+    """A resume point at every epoch end; goes last in the callback list.
+
+    Written after the epoch's history.csv row: a resumed run redoes the rows
+    of epochs that are not complete.
+    """
+
+    def __init__(self, monitor):
+        super().__init__()
+        self.monitor = monitor
+
+    def on_epoch_end(self, epoch, logs=None):
+        monitor = self.monitor
+        if not monitor.stopped_on_nan and monitor.step != monitor.last_backup:
+            monitor.run.save_backup(self.model, monitor.step)
+            monitor.last_backup = monitor.step
+
+
+def tensorboard_available():
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+class GlobalStepTensorBoard(keras.callbacks.TensorBoard):
+    """`keras.callbacks.TensorBoard` whose batch-level step axis is the global step,
+    also after a resume (Keras restarts it at 0 in every `fit`)."""
+
+    def __init__(self, log_dir, update_freq, monitor):
+        super().__init__(log_dir, update_freq=update_freq, write_graph=False)
+        self.monitor = monitor
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self._global_train_batch = self.monitor.step
+
+
+class FixedColumnsCSVLogger(keras.callbacks.CSVLogger):
+    """`keras.callbacks.CSVLogger` (appending, for resumed runs) with fixed columns:
+    the training logs, then `val_loss` and `val_accuracy` when there is validation."""
+
+    def __init__(self, path, with_validation):
+        super().__init__(path, append=True)
+        self.with_validation = with_validation
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.keys is None and logs:
+            train_keys = sorted(k for k in logs if not k.startswith("val_"))
+            self.keys = train_keys + (["val_accuracy", "val_loss"] if self.with_validation else [])
+        super().on_epoch_end(epoch, logs)

@@ -1,0 +1,359 @@
+"""`train()`: the paper's training (Vaswani et al., 2017, §5) with `model.fit`, in named phases.
+
+1. `_set_up`: strategy, dtype policy, run directory, resume point.
+2. `_prepare_data`: vocabulary (`spm.model`, reused if present), the training
+   stream and its epoch length, the validation batches.
+3. `_record_options`: `config.json` on a fresh run; a resume appends what it
+   changed to `resumes.jsonl` and keeps the first options file.
+4. `_build_model`: the model, Adam on the schedule of §5.3 and the metrics,
+   under `strategy.scope()`; the backup's weights on a resume.
+5. `_fit`: `model.fit` with the callbacks, up to the last step or the time budget.
+6. `_finish`: the final float32 model, averaged over the last checkpoints
+   (§6.1), validated, saved as `model.keras`; `curves.png`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import warnings
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer.data import DataSpec, load_dataset
+from keras_transformer.data.tokenizer import get_or_train_tokenizer
+from keras_transformer.losses import MaskedAccuracy
+from keras_transformer.model import Transformer
+from keras_transformer.optimization import create_optimizer
+from keras_transformer.run_dir import (
+    CHECKPOINT_DIR,
+    CONFIG_FILENAME,
+    CURVES_FILENAME,
+    HISTORY_FILENAME,
+    LOG_DIR,
+    MODEL_FILENAME,
+    atomic_write_text,
+    list_checkpoints,
+    read_config,
+)
+from keras_transformer.training import callbacks as run_callbacks
+from keras_transformer.training import strategy as strategies
+from keras_transformer.training.averaging import average_checkpoints
+from keras_transformer.training.curves import plot_curves, read_csv
+from keras_transformer.training.options import RESUME_FIXED, TrainingArgs, TrainingResult
+from keras_transformer.training.run import Run
+from keras_transformer.training.stream import TrainingData
+
+logger = logging.getLogger(__name__)
+
+RESUMES_FILENAME = "resumes.jsonl"
+
+
+@dataclasses.dataclass
+class _State:
+    """What the phases hand on to each other."""
+
+    args: TrainingArgs
+    strategy: object
+    run: Run
+    model_config: object
+    saved: dict = None  # the first run's config.json, on a resume
+    precision: str = "float32"
+    precision_reason: str = None
+    start_step: int = 0
+    backup: tuple = None
+    tokenizer: object = None
+    training_data: TrainingData = None
+    validation: object = None
+    steps_per_epoch: int = 0
+    total_steps: int = 0
+    model: object = None
+
+
+def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> TrainingResult:
+    """Trains (or continues) the run in `args.output` with `model.fit`.
+
+    A run killed at any point (even SIGKILL) and started again with the same
+    command loads `backup/`, prints `resumed from step N` and continues: same
+    weights, optimizer moments, learning-rate step, and (for corpora held in
+    memory) the same batches in the same order as an uninterrupted run.
+    Streamed corpora (`tfds:`) are reshuffled with a step-dependent seed on
+    resume instead. A resume with options that would change the experiment
+    (`options.RESUME_FIXED`, the model config) is refused.
+
+    Args:
+        args: a `TrainingArgs`.
+        callbacks: extra Keras callbacks for `fit`.
+        strategy: a `tf.distribute.Strategy` (default `strategy.get_strategy()`,
+            created first because MultiWorkerMirroredStrategy must be set up
+            before TensorFlow starts).
+
+    Returns:
+        a `TrainingResult`.
+    """
+    if strategy is None:
+        strategy = strategies.get_strategy()
+    strategies.check_time_budget(args, strategy)
+    previous_policy = keras.mixed_precision.global_policy()
+    try:
+        state = _set_up(args, strategy)
+        _prepare_data(state)
+        _record_options(state)
+        _build_model(state)
+        monitor = _fit(state, callbacks)
+        return _finish(state, monitor)
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+
+
+def _set_up(args, strategy):
+    """Run directory, dtype policy, resume point and seeds."""
+    run = Run(args, strategy)
+    model_config = args.model_config()
+    state = _State(args=args, strategy=strategy, run=run, model_config=model_config)
+    state.saved = _check_resume_config(run.run_dir, args, model_config)
+    state.precision = args.precision
+    if args.precision == "auto":
+        state.precision, state.precision_reason = strategies.auto_precision()
+    keras.mixed_precision.set_global_policy(state.precision)
+    state.backup = run.find_backup()
+    state.start_step = state.backup[0] if state.backup else 0
+    run.trained_seconds = state.backup[2] if state.backup else 0.0
+    # Dropout's random state is not part of the backup: a resumed run draws
+    # new masks (seeded by the step) rather than replaying those of step 0.
+    keras.utils.set_random_seed(args.seed + state.start_step)
+    return state
+
+
+def _prepare_data(state):
+    """Vocabulary, training stream, epoch length and validation batches."""
+    args, run = state.args, state.run
+    spec = DataSpec.parse(args.data)
+    num_replicas = args.batch_multiple or state.strategy.num_replicas_in_sync
+    max_length = state.model_config.max_length
+    state.tokenizer = get_or_train_tokenizer(
+        run.run_dir, lambda: spec.training_texts(args.src, args.tgt), args.vocab_size)
+    state.training_data = TrainingData(args, state.tokenizer, spec.load("train", args.src, args.tgt),
+                                       num_replicas, max_length)
+    state.steps_per_epoch = _steps_per_epoch(state, num_replicas)
+    if state.steps_per_epoch < 1:
+        raise ValueError("No training batch: the data is smaller than one batch of --batch-tokens.")
+    run.steps_per_epoch = state.steps_per_epoch
+    state.total_steps = args.max_steps or (args.epochs or 10) * state.steps_per_epoch
+    if args.validation_split:
+        state.validation = state.training_data.validation(
+            load_dataset(spec, args.validation_split, args.src, args.tgt))
+
+
+def _steps_per_epoch(state, num_replicas):
+    """A resumed run keeps its epoch length (counting costs a pass over the data)."""
+    saved_data = (state.saved or {}).get("data", {})
+    args, training_data = state.args, state.training_data
+    if saved_data:
+        if saved_data.get("batch_multiple") != num_replicas:
+            print(f"Batch sizes are now multiples of {num_replicas} (were {saved_data.get('batch_multiple')}): "
+                  "the batches after the resume differ from those of the original run.", flush=True)
+        elif not (training_data.streamed and args.steps_per_epoch
+                  and args.steps_per_epoch != saved_data.get("steps_per_epoch")):
+            if saved_data.get("steps_per_epoch"):
+                return saved_data["steps_per_epoch"]
+    return training_data.batches_per_epoch()
+
+
+def _record_options(state):
+    """`config.json` on a fresh run; on a resume, the first one stays and `resumes.jsonl` grows."""
+    args, run = state.args, state.run
+    if not run.is_chief:
+        return
+    num_replicas = state.strategy.num_replicas_in_sync
+    data = {"spec": args.data, "src": args.src, "tgt": args.tgt, "steps_per_epoch": state.steps_per_epoch,
+            "total_steps": state.total_steps, "num_replicas": num_replicas,
+            "batch_multiple": args.batch_multiple or num_replicas, "streamed": state.training_data.streamed}
+    if state.saved is None:
+        atomic_write_text(os.path.join(run.run_dir, CONFIG_FILENAME), json.dumps({
+            "model": state.model_config.to_dict(), "training": args.to_dict(), "data": data,
+            "precision": state.precision, "tokenizer": "spm.model", "final_model": MODEL_FILENAME,
+        }, indent=2, sort_keys=True))
+        return
+    first = state.saved.get("training", {})
+    changed = {k: v for k, v in args.to_dict().items() if first.get(k, v) != v}
+    with open(os.path.join(run.run_dir, RESUMES_FILENAME), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": state.start_step, "changed": changed, "data": data}, sort_keys=True) + "\n")
+
+
+def _build_model(state):
+    """Model, optimizer and metrics under the strategy's scope; the backup's weights on a resume."""
+    args, strategy = state.args, state.strategy
+    with strategy.scope():
+        model = Transformer(state.model_config)
+        model.compile(
+            optimizer=create_optimizer(state.model_config.d_model, args.warmup_steps, args.lr_scale),
+            metrics=[MaskedAccuracy()] + run_callbacks.count_metrics(),
+            jit_compile=bool(args.xla),
+            steps_per_execution=args.steps_per_execution,
+        )
+        model.build()
+        model.optimizer.build(model.trainable_variables)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        element_spec = state.training_data.stream(0, state.steps_per_epoch).element_spec
+        strategies.work_around_keras_multiworker(model, strategy, element_spec)
+    if state.backup is not None:
+        with strategy.scope():
+            model.load_weights(state.backup[1])
+        print(f"resumed from step {state.start_step}", flush=True)
+        logger.info("Resumed %s from step %d (%s)", state.run.run_dir, state.start_step, state.backup[1])
+    state.model = model
+
+
+def _fit(state, callbacks):
+    """`model.fit` in the calls of `_fit_plan`; returns the monitor."""
+    args, run, model = state.args, state.run, state.model
+    start, total = state.start_step, state.total_steps
+    budget_spent = run.out_of_time()  # before training: the earlier processes' time alone
+    to_train = start < total and not budget_spent
+    if to_train:
+        # Rows of the epoch about to be redone are rewritten; checkpoints past the
+        # resume point (written after the last backup) are stale.
+        run.truncate_logs(start)
+        for step, path in list_checkpoints(run.out_dir):
+            if step > start:
+                os.remove(path)
+    _print_plan(state)
+    monitor = run_callbacks.RunMonitor(run, start, total)
+    all_callbacks = [monitor, keras.callbacks.TerminateOnNaN(),
+                     run_callbacks.FixedColumnsCSVLogger(run.path(HISTORY_FILENAME), state.validation is not None)]
+    if run_callbacks.tensorboard_available():
+        all_callbacks.append(run_callbacks.GlobalStepTensorBoard(run.path(LOG_DIR), args.log_every, monitor))
+    else:
+        print("TensorBoard is not installed (pip install tensorboard): no logs/ for this run.", flush=True)
+    all_callbacks += list(callbacks) + [run_callbacks.EpochEndBackup(monitor)]
+    if not to_train:
+        reason = (f"Run already used its time budget of {args.time_budget:g} min (step {start})" if budget_spent
+                  else f"Run already trained to step {start} (>= {total})")
+        print(f"{reason}; nothing to train.", flush=True)
+        return monitor
+    for initial_epoch, epochs, per_epoch in _fit_plan(start, total, state.steps_per_epoch):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            model.fit(state.training_data.stream(monitor.step, state.steps_per_epoch), initial_epoch=initial_epoch,
+                      epochs=epochs, steps_per_epoch=per_epoch, shuffle=False, validation_data=state.validation,
+                      validation_freq=args.validate_every, callbacks=all_callbacks, verbose=args.verbose)
+        if monitor.stopped_on_nan or monitor.out_of_time or monitor.step >= total:
+            break
+    if monitor.out_of_time and monitor.step < total:
+        print(f"Time budget of {args.time_budget:g} min reached at step {monitor.step} "
+              f"({run.training_seconds() / 60:.1f} min of training).", flush=True)
+    if monitor.stopped_on_nan:
+        print(f"Training stopped at step {monitor.step}: the loss is NaN (TerminateOnNaN); no model.keras "
+              "written. Try a lower --lr-scale or float32.", flush=True)
+    return monitor
+
+
+def _print_plan(state):
+    args, model = state.args, state.model
+    n_params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    shown = (f"{state.precision}: --precision auto, {state.precision_reason}" if state.precision_reason
+             else state.precision)
+    budget = f" or {args.time_budget:g} min of training" if args.time_budget is not None else ""
+    print(
+        f"Training {args.preset} model ({n_params:,} parameters, {shown}) on {args.data} "
+        f"{args.src}->{args.tgt}: {state.strategy.num_replicas_in_sync} replica(s), {state.steps_per_epoch} "
+        f"steps/epoch, steps {state.start_step}->{state.total_steps}{budget}, run directory {state.run.run_dir}",
+        flush=True,
+    )
+
+
+def _finish(state, monitor):
+    """Final float32 model: averaged if asked (§6.1), validated, saved; `curves.png`."""
+    args, run = state.args, state.run
+    step = monitor.step
+    keras.mixed_precision.set_global_policy("float32")
+    final = Transformer(state.model_config, dtype="float32")
+    final.build()
+    checkpoints = [p for s, p in list_checkpoints(run.out_dir) if s <= step]
+    averaged = args.average_last > 1 and len(checkpoints) > 1 and not monitor.stopped_on_nan
+    if averaged:
+        chosen = checkpoints[-args.average_last:]
+        final.set_weights(average_checkpoints(chosen, final))
+        print(f"Averaged the last {len(chosen)} checkpoints: "
+              + ", ".join(os.path.basename(p) for p in chosen), flush=True)
+    else:
+        final.set_weights(state.model.get_weights())
+    final.compile()
+    val_metrics = None
+    if state.validation is not None and not monitor.stopped_on_nan:
+        if not averaged and monitor.last_validation and monitor.last_validation[0] == step:
+            val_metrics = monitor.last_validation[1]  # the final weights were just validated
+        else:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                logs = final.evaluate(state.validation, verbose=0, return_dict=True)
+            val_metrics = {k: float(logs[k]) for k in ("loss", "accuracy") if k in logs}
+        print("Final model on the validation set: "
+              + ", ".join(f"{k} {v:.4f}" for k, v in val_metrics.items()), flush=True)
+    if not monitor.stopped_on_nan:
+        tmp = run.path(f"tmp-{os.getpid()}-{MODEL_FILENAME}")
+        final.save(tmp)
+        os.replace(tmp, run.path(MODEL_FILENAME))
+    curves = plot_curves(run.out_dir)
+    if run.is_chief:
+        print(f"Run directory {run.run_dir}: {MODEL_FILENAME}, {CHECKPOINT_DIR}/, {HISTORY_FILENAME}, "
+              f"{LOG_DIR}/" + (f", {CURVES_FILENAME}" if curves else ""), flush=True)
+    speed = monitor.timed_tokens / monitor.timed_seconds if monitor.timed_seconds > 0 else None
+    return TrainingResult(
+        run_dir=run.run_dir, model=final, tokenizer=state.tokenizer, step=step, resumed_from=state.start_step,
+        history=read_csv(run.path(HISTORY_FILENAME)), val_metrics=val_metrics, tokens_per_sec=speed,
+        stopped_on_nan=monitor.stopped_on_nan,
+    )
+
+
+def _fit_plan(step, total_steps, steps_per_epoch):
+    """`fit` calls `(initial_epoch, epochs, steps_per_epoch)` from `step` to `total_steps`.
+
+    Keras epochs have a fixed number of steps, so a run resumed inside an epoch
+    first finishes that epoch in a `fit` call of its own; a last, partial epoch
+    is cut by the monitor's stop at `total_steps`.
+    """
+    plan = []
+    epoch, into = divmod(step, steps_per_epoch)
+    if into:
+        left = min(steps_per_epoch - into, total_steps - step)
+        plan.append((epoch, epoch + 1, left))
+        step += left
+        epoch += 1
+    if step < total_steps:
+        last_epoch = math.ceil(total_steps / steps_per_epoch)
+        per_epoch = steps_per_epoch if last_epoch - epoch > 1 else total_steps - step
+        plan.append((epoch, last_epoch, per_epoch))
+    return plan
+
+
+def _check_resume_config(run_dir, args, model_config):
+    """The first run's `config.json`, or None for a new run; refuses a resume that changes the experiment.
+
+    The error names each changed option with the value of the run and the one given.
+    """
+    if not os.path.exists(os.path.join(run_dir, CONFIG_FILENAME)):
+        return None
+    saved = read_config(run_dir)
+    problems = []
+    saved_model, model = saved.get("model", {}), model_config.to_dict()
+    for key in sorted(set(saved_model) | set(model)):
+        if saved_model.get(key) != model.get(key):
+            problems.append(f"model {key} ({saved_model.get(key)!r} -> {model.get(key)!r})")
+    saved_training = saved.get("training", {})
+    for key in RESUME_FIXED:
+        if key in saved_training and saved_training[key] != getattr(args, key):
+            problems.append(f"--{key.replace('_', '-')} ({saved_training[key]!r} -> {getattr(args, key)!r})")
+    if problems:
+        raise ValueError(
+            f"{run_dir} holds a run with a different {'; '.join(problems)}. Use the same options to "
+            "continue it, or another --output directory."
+        )
+    return saved

@@ -1,0 +1,167 @@
+"""The options of a training run (`TrainingArgs`) and what a run returns (`TrainingResult`).
+
+Pure Python: the command line builds its flags from these defaults without
+loading TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# "auto": the fastest of PRECISIONS on this machine (`training.strategy.auto_precision`).
+PRECISION_CHOICES = ("auto",) + PRECISIONS
+
+# Options whose change would make a resumed run a different experiment: a
+# resume with another value is refused (the model config is compared too).
+RESUME_FIXED = ("data", "src", "tgt", "vocab_size", "batch_tokens", "seed", "batch_multiple", "max_length",
+                "warmup_steps", "lr_scale", "precision")
+
+
+@dataclasses.dataclass
+class TrainingArgs:
+    """Everything `train` needs; the command line maps one flag to each field.
+
+    Model:
+        preset: "tiny", "small", "base" or "big" (`TransformerConfig` presets).
+        overrides: `TransformerConfig` fields to change, e.g.
+            `{"num_layers": 4, "dropout": 0.3}`.
+        vocab_size: joint SentencePiece vocabulary size (§5.1).
+        max_length: longest sequence in tokens (pairs with a longer side are
+            dropped); default the config's `max_length` (256).
+    Data:
+        data: "multi30k", "tfds:NAME" or "files:SRC,TGT" (`data.load_dataset`).
+        src, tgt: language codes.
+        batch_tokens: global token budget per batch and side, padding included
+            (§5.1 used ~25000 over 8 GPUs).
+        validation_split: split used for validation ("val" for Multi30k,
+            "validation" for tfds); None for none.
+    Schedule:
+        epochs: passes over the training data (in-memory corpora) or epochs of
+            `steps_per_epoch` steps (streamed corpora).
+        max_steps: stop after this many optimizer steps (wins over `epochs`).
+            With neither, 10 epochs.
+        time_budget: stop, at the latest, once training has taken this many
+            minutes (counted over all the processes of a resumed run, from
+            their first step; the steps lost by an interruption are not
+            counted twice). The stop is a checkpoint like any other. Not with
+            MultiWorkerMirroredStrategy (each worker would stop at its own step).
+        steps_per_epoch: steps per epoch for streamed (`tfds:`) corpora.
+        warmup_steps, lr_scale: equation (3) of §5.3.
+    Run:
+        output: run directory.
+        precision: Keras dtype policy: "float32", "mixed_bfloat16" or
+            "mixed_float16" (the latter with dynamic loss scaling: Keras wraps
+            the optimizer in a `LossScaleOptimizer`), or "auto": mixed
+            precision where the hardware computes in 16 bits, else float32
+            (`training.strategy.auto_precision`).
+        xla: compile the train step with XLA (`jit_compile=True`).
+        seed: seeds weights, dropout and the data order.
+        checkpoint_every: steps between checkpoints (and resume points).
+        keep_checkpoints: newest checkpoints kept (at least `average_last`).
+        average_last: average the last K checkpoints into the final model
+            (§6.1: 5 for base, 20 for big); 0 or 1 keeps the last weights.
+        validate_every: epochs between validation runs.
+        log_every: steps between rows of `steps.csv`.
+        steps_per_execution: train steps per `tf.function` call.
+        batch_multiple: round batch sizes to a multiple of this (default the
+            replica count); set it to compare runs on different device counts
+            on the same batches.
+        verbose: `fit` verbosity ("auto", 0, 1, 2).
+    """
+
+    output: str = "runs/run"
+    data: str = "multi30k"
+    src: str = "en"
+    tgt: str = "de"
+    preset: str = "small"
+    overrides: dict = dataclasses.field(default_factory=dict)
+    vocab_size: int = 8000
+    max_length: Optional[int] = None
+    batch_tokens: int = 4096
+    validation_split: Optional[str] = "val"
+    epochs: Optional[int] = None
+    max_steps: Optional[int] = None
+    steps_per_epoch: Optional[int] = None
+    time_budget: Optional[float] = None
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0
+    precision: str = "float32"
+    xla: bool = False
+    seed: int = 0
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 5
+    average_last: int = 0
+    validate_every: int = 1
+    log_every: int = 10
+    steps_per_execution: int = 1
+    batch_multiple: Optional[int] = None
+    verbose: Any = "auto"
+
+    def __post_init__(self):
+        if self.precision not in PRECISION_CHOICES:
+            raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}.")
+        if self.time_budget is not None and not (
+            isinstance(self.time_budget, (int, float)) and not isinstance(self.time_budget, bool)
+            and self.time_budget > 0
+        ):
+            raise ValueError(f"time_budget must be a positive number of minutes or None, got {self.time_budget!r}.")
+        for name in ("vocab_size", "batch_tokens", "warmup_steps", "checkpoint_every", "validate_every",
+                     "log_every", "steps_per_execution"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        for name in ("epochs", "max_steps", "steps_per_epoch", "max_length", "batch_multiple"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
+        if self.keep_checkpoints < 1 or self.average_last < 0:
+            raise ValueError("keep_checkpoints must be >= 1 and average_last >= 0.")
+        if not self.lr_scale > 0:
+            raise ValueError(f"lr_scale must be positive, got {self.lr_scale!r}.")
+
+    def model_config(self, vocab_size=None):
+        """The `TransformerConfig` of the preset with the overrides (and `max_length`)."""
+        from keras_transformer.config import TransformerConfig
+
+        overrides = dict(self.overrides)
+        if self.max_length is not None:
+            overrides["max_length"] = self.max_length
+        return TransformerConfig.from_preset(self.preset, vocab_size or self.vocab_size, **overrides)
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values):
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+@dataclasses.dataclass
+class TrainingResult:
+    """What `train` returns.
+
+    Attributes:
+        run_dir: the run directory.
+        model: the final float32 `Transformer` (averaged if asked), compiled.
+        tokenizer: the run's `Tokenizer`.
+        step: optimizer steps done.
+        resumed_from: step the run resumed from (0 for a fresh run).
+        history: per-epoch logs (`history.csv` rows, all epochs of the run).
+        val_metrics: validation loss/accuracy of the final model (or None).
+        tokens_per_sec: mean target tokens per second over this process's
+            steps (compilation excluded).
+        stopped_on_nan: training stopped because the loss became NaN.
+    """
+
+    run_dir: str
+    model: Any
+    tokenizer: Any
+    step: int
+    resumed_from: int
+    history: list
+    val_metrics: Optional[dict]
+    tokens_per_sec: Optional[float]
+    stopped_on_nan: bool = False

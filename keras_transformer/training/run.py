@@ -1,0 +1,145 @@
+"""The state of one training process: its directories, checkpoints, resume point and logs."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import time
+
+from keras_transformer.run_dir import (
+    BACKUP_DIR,
+    CHECKPOINT_DIR,
+    HISTORY_FILENAME,
+    STEPS_FILENAME,
+    atomic_write_text,
+    checkpoint_path,
+    list_checkpoints,
+    save_model_weights,
+)
+from keras_transformer.training.strategy import strategy_worker
+
+
+class Run:
+    """State of one training process: directories, chief or not, data stream, checkpoints."""
+
+    def __init__(self, args, strategy):
+        self.args = args
+        self.strategy = strategy
+        self.is_chief, self.worker_index = strategy_worker(strategy)
+        self.run_dir = os.path.abspath(args.output)
+        # Non-chief workers write into their own subdirectory (same layout).
+        self.out_dir = self.run_dir if self.is_chief else os.path.join(self.run_dir, f"worker-{self.worker_index}")
+        self.start_time = time.perf_counter()
+        self.steps_per_epoch = None
+        self.trained_seconds = 0.0  # training time of the run's earlier processes (from the backup)
+        self.train_start = None  # when this process began training
+        os.makedirs(self.out_dir, exist_ok=True)
+        os.makedirs(os.path.join(self.out_dir, CHECKPOINT_DIR), exist_ok=True)
+
+    def training_seconds(self):
+        """Training time of the run so far: earlier processes up to the backup, plus this one's."""
+        if self.train_start is None:
+            return self.trained_seconds
+        return self.trained_seconds + time.perf_counter() - self.train_start
+
+    def out_of_time(self):
+        """Whether the run has used up its `--time-budget` (never without one)."""
+        budget = self.args.time_budget
+        return budget is not None and self.training_seconds() >= 60.0 * budget
+
+    def path(self, *parts):
+        return os.path.join(self.out_dir, *parts)
+
+    def epoch_of(self, step):
+        return (step - 1) // self.steps_per_epoch if step > 0 else 0
+
+    # -- checkpoints ----------------------------------------------------------
+    def save_checkpoint(self, model, step):
+        """Backup (full state) first, then the model-only checkpoint."""
+        self.save_backup(model, step)
+        save_model_weights(model, checkpoint_path(self.path(CHECKPOINT_DIR), step))
+        keep = max(self.args.keep_checkpoints, self.args.average_last)
+        for _, old in list_checkpoints(self.out_dir)[:-keep]:
+            try:
+                os.remove(old)
+            except FileNotFoundError:
+                pass
+
+    def save_backup(self, model, step):
+        backup = self.path(BACKUP_DIR)
+        os.makedirs(backup, exist_ok=True)
+        name = f"state-{step:08d}.weights.h5"
+        tmp = os.path.join(backup, f"tmp-{os.getpid()}-{name}")
+        model.save_weights(tmp)
+        os.replace(tmp, os.path.join(backup, name))
+        atomic_write_text(os.path.join(backup, "state.json"), json.dumps(
+            {"step": step, "weights": name, "training_seconds": round(self.training_seconds(), 3)}, indent=2))
+        for old in glob.glob(os.path.join(backup, "state-*.weights.h5")) + glob.glob(os.path.join(backup, "tmp-*")):
+            if os.path.basename(old) != name:
+                try:
+                    os.remove(old)
+                except FileNotFoundError:
+                    pass
+
+    def find_backup(self):
+        """(step, weights path, training seconds) of the resume point, or None. Workers prefer the chief's."""
+        candidates = [os.path.join(self.run_dir, BACKUP_DIR)]
+        if not self.is_chief:
+            candidates.append(self.path(BACKUP_DIR))
+        for backup in candidates:
+            state_path = os.path.join(backup, "state.json")
+            if os.path.exists(state_path):
+                with open(state_path, encoding="utf-8") as f:
+                    state = json.load(f)
+                weights = os.path.join(backup, state["weights"])
+                if os.path.exists(weights):
+                    return int(state["step"]), weights, float(state.get("training_seconds", 0.0))
+        return None
+
+    # -- logs -----------------------------------------------------------------
+    def append_step_row(self, row):
+        path = self.path(STEPS_FILENAME)
+        new = not os.path.exists(path) or os.path.getsize(path) == 0
+        with open(path, "a", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(row))
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+    def truncate_logs(self, step):
+        """Drops rows written after `step` by an interrupted run (they will be redone)."""
+        epoch = step // self.steps_per_epoch
+        _filter_csv(self.path(HISTORY_FILENAME), lambda row: int(row["epoch"]) < epoch)
+        _filter_csv(self.path(STEPS_FILENAME), lambda row: int(row["step"]) <= step)
+
+
+def _filter_csv(path, keep):
+    if not os.path.exists(path):
+        return
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+        fieldnames = None
+        f.seek(0)
+        header = f.readline()
+        if header.strip():
+            fieldnames = next(csv.reader([header]))
+    if fieldnames is None:
+        return
+    kept = [r for r in rows if _safe(keep, r)]
+    if len(kept) == len(rows):
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows(kept)
+    os.replace(tmp, path)
+
+
+def _safe(keep, row):
+    try:
+        return keep(row)
+    except (KeyError, TypeError, ValueError):
+        return False

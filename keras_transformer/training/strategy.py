@@ -1,0 +1,147 @@
+"""tf.distribute for training: the strategy, the precision for this machine, and who is chief.
+
+§5.2: "We trained our models on one machine with 8 NVIDIA P100 GPUs". Here
+`get_strategy()` picks one device, MirroredStrategy over the local GPUs, or
+MultiWorkerMirroredStrategy from `TF_CONFIG`; the global batch is split over
+the replicas and the loss divided by the global token count
+(`keras_transformer.losses`), so N replicas train exactly like one device.
+"""
+
+import json
+import logging
+import os
+
+import tensorflow as tf
+
+from keras_transformer import compat
+
+logger = logging.getLogger(__name__)
+
+
+def get_strategy():
+    """The strategy for this process (the caller creates the model under its scope).
+
+    - `TF_CONFIG` names a cluster: MultiWorkerMirroredStrategy.
+    - Two or more visible GPUs: MirroredStrategy over all of them.
+    - Otherwise the default strategy (one GPU, or the CPU).
+    """
+    if os.environ.get("TF_CONFIG"):
+        cluster = json.loads(os.environ["TF_CONFIG"]).get("cluster", {})
+        if sum(len(tasks) for tasks in cluster.values()) > 1:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+            logger.info("MultiWorkerMirroredStrategy with %d replicas", strategy.num_replicas_in_sync)
+            return strategy
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) > 1:
+        strategy = tf.distribute.MirroredStrategy([gpu.name for gpu in gpus])
+        logger.info("MirroredStrategy over %d GPUs", len(gpus))
+        return strategy
+    return tf.distribute.get_strategy()
+
+
+# CPU flags (Linux /proc/cpuinfo) of native bfloat16 arithmetic.
+BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
+    """The CPU's feature flags (a set of str; empty where /proc/cpuinfo does not exist)."""
+    try:
+        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def gpu_compute_capabilities():
+    """Compute capabilities `(major, minor)` of the visible GPUs (empty without GPUs)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    return [tf.config.experimental.get_device_details(gpu).get("compute_capability") or (0, 0) for gpu in gpus]
+
+
+def auto_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None):
+    """The Keras dtype policy that trains fastest here, and why: `(policy, reason)`.
+
+    Mixed precision only pays where the hardware computes in 16 bits; elsewhere
+    it is emulated, and slower than float32 (on an AVX2-only CPU, a
+    mixed_bfloat16 training step of the small model took 1.3x as long as a
+    float32 one: 1,842 vs 1,426 ms, `benchmarks/train_throughput.py`):
+
+    - GPUs: "mixed_bfloat16" if every visible GPU has compute capability 8.0
+      or more (Ampere: bf16 needs no loss scaling), "mixed_float16" from 7.0
+      (Volta tensor cores), else "float32".
+    - CPU only: "mixed_bfloat16" if the CPU has AVX512_BF16 or AMX-BF16
+      instructions, else "float32".
+
+    `cpuinfo_path` and `gpu_capabilities` (a list of `(major, minor)`,
+    default `gpu_compute_capabilities()`) describe the machine.
+    """
+    if gpu_capabilities is None:
+        gpu_capabilities = gpu_compute_capabilities()
+    if gpu_capabilities:
+        lowest = min(tuple(c) for c in gpu_capabilities)
+        if lowest >= (8, 0):
+            return "mixed_bfloat16", f"GPUs of compute capability >= {lowest[0]}.{lowest[1]}"
+        if lowest >= (7, 0):
+            return "mixed_float16", f"GPUs of compute capability {lowest[0]}.{lowest[1]} (no bfloat16)"
+        return "float32", f"GPUs of compute capability {lowest[0]}.{lowest[1]} (no fast 16-bit arithmetic)"
+    native = sorted(cpu_flags(cpuinfo_path) & set(BFLOAT16_CPU_FLAGS))
+    if native:
+        return "mixed_bfloat16", f"the CPU has {', '.join(native)}"
+    return "float32", "the CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
+
+
+def strategy_worker(strategy):
+    """(is_chief, worker_index) for this process under `strategy`."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(resolver, "task_type", None):
+        return True, 0
+    task_type, task_id = resolver.task_type, int(resolver.task_id or 0)
+    cluster = resolver.cluster_spec().as_dict()
+    if task_type == "chief":
+        return True, 0
+    if task_type == "worker" and task_id == 0 and "chief" not in cluster:
+        return True, 0
+    offset = 1 if "chief" in cluster else 0
+    return False, task_id + offset
+
+
+def check_time_budget(args, strategy):
+    """Workers timing themselves would stop at different steps and leave the others waiting."""
+    if args.time_budget is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        raise ValueError("--time-budget is not supported with MultiWorkerMirroredStrategy (TF_CONFIG): each "
+                         "worker would stop at its own step. Use --max-steps or --epochs.")
+
+
+def work_around_keras_multiworker(model, strategy, element_spec):
+    """Makes Keras 3 `fit`/`evaluate` run under MultiWorkerMirroredStrategy.
+
+    Two Keras 3 bugs (seen up to 3.15; keras-team/keras#20585) break `fit`
+    with MultiWorkerMirroredStrategy:
+
+    1. Before training, Keras takes a batch from the distributed dataset and
+       `strategy.reduce`s it to build the compiled loss and metrics, which
+       fails on nested inputs ("Attempt to convert a value (PerReplica...) to
+       a Tensor"). The build only needs shapes and dtypes: build from the
+       dataset's `element_spec` under the scope and skip Keras's attempt.
+    2. The step's metric results are reduced with
+       `strategy.reduce("MEAN", value, axis=0)`, which fails on the scalar
+       results ("Invalid reduction dimension 0 for input with 0 dimensions").
+       The steps here return them with shape [1] instead; the monitor then
+       replaces the logged values by the exact cross-replica metric results.
+    """
+    from keras import ops
+
+    with strategy.scope():
+        compat.build_model_from_spec(model, element_spec)
+
+    def as_vectors(step):
+        def wrapped(data):
+            return {name: ops.reshape(value, [1]) for name, value in step(data).items()}
+
+        return wrapped
+
+    model.train_step = as_vectors(model.train_step)
+    model.test_step = as_vectors(model.test_step)

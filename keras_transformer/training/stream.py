@@ -1,0 +1,120 @@
+"""The training data as a deterministic stream of token-budget batches (§5.1), and where step N is in it."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import tensorflow as tf
+
+from keras_transformer import data
+
+
+def materialize(dataset):
+    """A `(source_text, target_text)` dataset as two `tf.string` tensors."""
+    sources, targets = [], []
+    for src, tgt in dataset.batch(65536):
+        sources.append(src)
+        targets.append(tgt)
+    if not sources:
+        raise ValueError("The training data is empty.")
+    return tf.concat(sources, 0), tf.concat(targets, 0)
+
+
+def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_replicas):
+    """Batches `make_batches(..., drop_remainder=True)` yields for one pass over these pairs.
+
+    With the remainder dropped, this is `sum_k n_k // size_k` over the length
+    buckets k (n_k pairs of bucket k, size_k sentences per batch), whatever the
+    order of the pairs: every shuffled pass has this many batches.
+    """
+    boundaries = data.default_bucket_boundaries(max_length)
+    sizes = data.bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
+    src, tgt = pairs
+    counts = np.zeros(len(boundaries), np.int64)
+    chunk = 8192
+    for start in range(0, int(src.shape[0]), chunk):
+        s_len = tokenizer.tokenize(src[start:start + chunk]).row_lengths().numpy() + 1
+        t_len = tokenizer.tokenize(tgt[start:start + chunk]).row_lengths().numpy() + 1
+        fits = (s_len <= max_length) & (t_len <= max_length)
+        length = np.maximum(s_len, t_len)[fits]
+        bucket = np.searchsorted(np.asarray(boundaries), length, side="left")
+        counts += np.bincount(bucket, minlength=len(boundaries))
+    return int(sum(n // size for n, size in zip(counts, sizes)))
+
+
+class TrainingData:
+    """The deterministic stream of training batches and where step N is in it."""
+
+    def __init__(self, args, tokenizer, text, num_replicas, max_length):
+        self.args = args
+        self.tokenizer = tokenizer
+        self.num_replicas = num_replicas
+        self.max_length = max_length
+        self.options = tf.data.Options()
+        # Every worker builds the same global batches and keeps its replicas' slices.
+        self.options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        self.text = text
+        self.tensors = None
+        self.streamed = data.DataSpec.parse(args.data).streamed
+        if not self.streamed:
+            self.tensors = materialize(text)
+            self.num_pairs = int(self.tensors[0].shape[0])
+            # One length-sorting pool per pass needs the pass in memory: beyond
+            # make_batches' largest default pool, stream (and reseed on resume) instead.
+            if self.num_pairs > data.MAX_DEFAULT_POOL_SIZE:
+                self.streamed = True
+
+    def batches_per_epoch(self):
+        if self.streamed and (self.args.steps_per_epoch or self.tensors is None):
+            return self.args.steps_per_epoch or 1000
+        # Exact for in-memory passes; for a large in-memory corpus streamed in
+        # several pools, close (a few partial batches per pool are dropped).
+        return count_batches_per_epoch(self.tensors, self.tokenizer, self.args.batch_tokens,
+                                       self.max_length, self.num_replicas)
+
+    def _epoch_batches(self, epoch):
+        src, tgt = self.tensors
+        seed = tf.stack([tf.constant(self.args.seed, tf.int64), tf.cast(epoch, tf.int64)])
+        order = tf.argsort(tf.random.stateless_uniform(tf.shape(src), seed=seed))
+        pairs = tf.data.Dataset.from_tensor_slices((tf.gather(src, order), tf.gather(tgt, order)))
+        # One pool per pass: every pass has exactly sum_k n_k // size_k batches.
+        return data.make_batches(
+            pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
+            shuffle=False, num_replicas=self.num_replicas, drop_remainder=True, pool_size=self.num_pairs,
+        )
+
+    def stream(self, start_step, steps_per_epoch):
+        """Batches from global step `start_step` on (infinite)."""
+        if self.streamed:
+            # Streamed corpora: a resumed run reshuffles (seed + step) instead of replaying.
+            dataset = data.make_batches(
+                self.text, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
+                shuffle=True, seed=self.args.seed + start_step, num_replicas=self.num_replicas,
+                repeat=True, drop_remainder=True,
+            )
+        else:
+            first_epoch, skip = divmod(start_step, steps_per_epoch)
+            dataset = tf.data.Dataset.range(first_epoch, 2**62).flat_map(self._epoch_batches)
+            if skip:
+                dataset = dataset.skip(skip)
+            dataset = dataset.prefetch(tf.data.AUTOTUNE)
+        return dataset.with_options(self.options)
+
+    def validation(self, text):
+        """The validation batches, tokenized and batched once and held in memory.
+
+        Keras drops its validation iterator before every evaluation; dropping
+        a live pipeline (tokenizer, parallel map, bucketing) blocked `fit` for
+        30-60 s at some epoch ends on a 2-core CPU. A dataset of ready tensors
+        has nothing to wind down, and a known length.
+        """
+        dataset = data.make_batches(
+            text, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
+            shuffle=False, num_replicas=self.num_replicas, drop_remainder=False,
+        )
+        batches = [tf.data.Dataset.from_tensors(batch) for batch in dataset]
+        if not batches:
+            raise ValueError("The validation split has no sentence pairs within max_length.")
+        dataset = functools.reduce(lambda a, b: a.concatenate(b), batches)
+        return dataset.with_options(self.options)
