@@ -23,7 +23,7 @@ Systems:
   BeamSampler has no length penalty and no minimum length; with no stop
   token it runs exactly 20 steps.
 * CTranslate2: OUR weights converted with
-  `keras_transformer.export_ctranslate2.export_ctranslate2` (float32, and
+  `keras_transformer.inference.ctranslate2.export_ctranslate2` (float32, and
   int8 weights), `Translator(device="cpu", intra_threads=2)`,
   `translate_batch(..., beam_size=4, min_decoding_length=20,
   max_decoding_length=20, max_batch_size=32)`. Before timing, the

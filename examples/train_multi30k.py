@@ -9,7 +9,7 @@ lower-cased Moses-tokenized BLEU that Multi30k results are usually given in
 (fairseq's transformer_tiny: 41.0).
 
 Everything lands in the run directory (default runs/multi30k_en_de: see
-keras_transformer.training); run the same command again after an
+keras_transformer.run_dir); run the same command again after an
 interruption and training continues from the last checkpoint. The model is
 then exported as a SavedModel for TensorFlow Serving to
 saved_models/multi30k_en_de/.

@@ -11,7 +11,7 @@ Vaswani et al. (2017), "Attention Is All You Need":
   global budget of 25000 tokens per side, split over the replicas.
 - §5.2 hardware and schedule: one machine with 8 P100 GPUs; base models
   100,000 steps (~0.4 s/step, 12 hours), big models 300,000 steps (1.0
-  s/step, 3.5 days). `keras_transformer.distribute.get_strategy()` picks
+  s/step, 3.5 days). `keras_transformer.training.strategy.get_strategy()` picks
   MirroredStrategy over all local GPUs (or MultiWorkerMirroredStrategy when
   TF_CONFIG names a cluster); the loss is divided by the global token count,
   so the result does not depend on the number of GPUs.

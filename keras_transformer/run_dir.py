@@ -12,6 +12,7 @@ Layout (`keras-transformer train --output RUN_DIR`)::
     logs/            TensorBoard (train/ and validation/)
     history.csv      one row per epoch (keras.callbacks.CSVLogger)
     steps.csv        loss, accuracy, learning rate and tokens/s every --log-every steps
+    bleu.csv         validation BLEU every --validate-bleu-every steps (with it)
     curves.png       training and validation loss/accuracy (written at the end)
     model.keras      the final model (averaged if --average-last > 1), float32
 
@@ -33,6 +34,7 @@ TOKENIZER_FILENAME = "spm.model"
 MODEL_FILENAME = "model.keras"
 HISTORY_FILENAME = "history.csv"
 STEPS_FILENAME = "steps.csv"
+BLEU_FILENAME = "bleu.csv"
 CURVES_FILENAME = "curves.png"
 CHECKPOINT_DIR = "checkpoints"
 BACKUP_DIR = "backup"

@@ -1,4 +1,4 @@
-"""Tests for keras_transformer.datasets and keras_transformer.data (input pipeline).
+"""Tests for keras_transformer.data (corpora, text, spec, batching) (input pipeline).
 
 Runs on the vendored data only (no network, no /work/shared). Kept fast: the
 tokenizer is trained once per module on a few thousand lines, and batching

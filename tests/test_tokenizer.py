@@ -1,4 +1,4 @@
-"""Tests for keras_transformer.tokenizer (SentencePiece BPE, in-graph)."""
+"""Tests for keras_transformer.data.tokenizer (SentencePiece BPE, in-graph)."""
 
 import time
 

@@ -63,6 +63,14 @@ _CONFIG_FLAGS = (
 def add_training_arguments(parser, defaults=None):
     """Adds the `train` options to an argparse parser (also used by the examples)."""
     d = TrainingArgs(**(defaults or {}))
+    _add_model_flags(parser, d)
+    _add_data_flags(parser, d)
+    _add_schedule_flags(parser, d)
+    _add_run_flags(parser, d)
+    return parser
+
+def _add_model_flags(parser, d):
+    """The model's flags: preset, TransformerConfig fields, vocabulary."""
     model = parser.add_argument_group("model")
     model.add_argument("--preset", choices=PRESETS, default=d.preset,
                        help=f"model size (TransformerConfig preset; default {d.preset})")
@@ -86,6 +94,9 @@ def add_training_arguments(parser, defaults=None):
     model.add_argument("--max-length", type=int, default=d.max_length,
                        help="longest sequence in tokens; longer pairs are skipped (default: the config's, 256)")
 
+
+def _add_data_flags(parser, d):
+    """Where the data comes from and how it is batched (§5.1)."""
     data = parser.add_argument_group("data")
     data.add_argument("--data", default=d.data, help="multi30k | tfds:NAME | files:SRC,TGT (default %(default)s)")
     data.add_argument("--src", default=d.src, help="source language (default %(default)s)")
@@ -95,6 +106,9 @@ def add_training_arguments(parser, defaults=None):
     data.add_argument("--validation-split", default=d.validation_split,
                       help="validation split ('none' for no validation; default %(default)s)")
 
+
+def _add_schedule_flags(parser, d):
+    """How long and at what learning rate (§5.2, §5.3)."""
     schedule = parser.add_argument_group("schedule")
     schedule.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data (default 10)")
     schedule.add_argument("--max-steps", type=int, default=d.max_steps,
@@ -109,6 +123,9 @@ def add_training_arguments(parser, defaults=None):
     schedule.add_argument("--lr-scale", type=float, default=d.lr_scale,
                           help="multiplier on equation (3) (default %(default)s)")
 
+
+def _add_run_flags(parser, d):
+    """Run directory, precision, checkpoints, validation and logs."""
     run = parser.add_argument_group("run")
     run.add_argument("--output", "-o", default=d.output, help="run directory (default %(default)s)")
     run.add_argument("--precision", choices=PRECISION_CHOICES, default=d.precision,
@@ -126,6 +143,15 @@ def add_training_arguments(parser, defaults=None):
                      help="final model = mean of the last K checkpoints (§6.1: 5 base, 20 big; default off)")
     run.add_argument("--validate-every", type=int, default=d.validate_every,
                      help="epochs between validation runs (default %(default)s)")
+    run.add_argument("--validate-bleu-every", type=int, default=d.validate_bleu_every, metavar="STEPS",
+                     help="translate the validation split every STEPS steps (and at the end) and log its BLEU "
+                          "(progress output, bleu.csv, history.csv, TensorBoard); default off")
+    run.add_argument("--bleu-search", choices=("greedy", "beam"), default=d.bleu_search,
+                     help="search for --validate-bleu-every: greedy or beam 4 (default %(default)s)")
+    run.add_argument("--keep-best", action=argparse.BooleanOptionalAction, default=d.keep_best,
+                     help="keep the weights of the best validation BLEU in checkpoints/best.weights.h5")
+    run.add_argument("--early-stopping-patience", type=int, default=d.early_stopping_patience, metavar="K",
+                     help="stop after K validation BLEU measurements without improvement (default never)")
     run.add_argument("--log-every", type=int, default=d.log_every,
                      help="steps between steps.csv rows and TensorBoard points (default %(default)s)")
     run.add_argument("--steps-per-execution", type=int, default=d.steps_per_execution,
@@ -133,7 +159,6 @@ def add_training_arguments(parser, defaults=None):
     run.add_argument("--batch-multiple", type=int, default=d.batch_multiple,
                      help="round batch sizes to a multiple of this (default: the replica count)")
     run.add_argument("--verbose", type=_parse_verbose, default=d.verbose, help="fit verbosity: auto, 0, 1, 2")
-    return parser
 
 
 def _parse_verbose(text):

@@ -149,7 +149,7 @@ def make_batches(
     Args:
         dataset: ``(source_text, target_text)`` scalar ``tf.string`` pairs.
         tokenizer: object with ``tokenize(strings) -> RaggedTensor``, e.g.
-            ``keras_transformer.tokenizer.Tokenizer``.
+            ``keras_transformer.data.tokenizer.Tokenizer``.
         batch_tokens: GLOBAL token budget per batch and side, padding included
             (split across replicas by ``tf.distribute``).
         max_length: longest allowed sequence, counting the EOS (source) or the

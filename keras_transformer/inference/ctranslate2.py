@@ -36,7 +36,7 @@ What maps to what (CTranslate2 stores linear weights as `[out, in]`, Keras as
 [1] The table itself is exported because our sinusoids interleave sin and cos
 (as the paper writes them) while CTranslate2's built-in ones concatenate them.
 
-Token ids follow `keras_transformer.tokenizer`: 0 pad, 1 unk, 2 bos (the
+Token ids follow `keras_transformer.special_ids`: 0 pad, 1 unk, 2 bos (the
 decoder start token), 3 eos. CTranslate2 speaks tokens (strings): pass the
 `Tokenizer` (its SentencePiece pieces become the vocabulary and the model file
 is copied next to the weights) or a list of `vocab_size` strings; without
@@ -178,7 +178,7 @@ def transformer_spec(model, vocabulary=None, tokenizer=None, max_positions=1024,
         model: a built `keras_transformer.Transformer` (call it once, or
             `model.build()`, before exporting).
         vocabulary: list of `vocab_size` token strings, token i for id i.
-        tokenizer: a `keras_transformer.tokenizer.Tokenizer`; its pieces are
+        tokenizer: a `keras_transformer.data.tokenizer.Tokenizer`; its pieces are
             the vocabulary (alternative to `vocabulary`).
         max_positions: rows of the sinusoidal position table CTranslate2
             gets: the longest source, and the longest output + 1, it can

@@ -2,7 +2,7 @@
 
 `Translator` is a `tf.Module` whose `translate_strings` is a `tf.function`
 from a batch of sentences to translations and scores. The same function is
-what `keras_transformer.export` saves for TensorFlow Serving, so a served
+what `keras_transformer.inference.saved_model` saves for TensorFlow Serving, so a served
 model answers exactly as the in-process one.
 
 Defined answers for awkward input (no crash, no hang):

@@ -60,11 +60,17 @@ class RunMonitor(keras.callbacks.Callback):
       (and `epoch_end_backup()` the backup at each epoch end).
     - Stops training at `total_steps`, or once the run's training time
       reaches `--time-budget`, with a checkpoint at that step.
+    - With a `validator` (`training.validation_bleu.ValidationBleu`),
+      translates the validation set when it is due, puts the latest BLEU
+      into the epoch logs as `val_bleu`, and stops (with a checkpoint) when
+      its early stopping says so.
     """
 
-    def __init__(self, run, start_step, total_steps):
+    def __init__(self, run, start_step, total_steps, validator=None):
         super().__init__()
         self.run = run
+        self.validator = validator
+        self.early_stopped = False
         self.step = start_step
         self.total_steps = total_steps
         self.stopped_on_nan = False
@@ -119,6 +125,11 @@ class RunMonitor(keras.callbacks.Callback):
         args = self.run.args
         self.out_of_time = self.out_of_time or self.run.out_of_time()
         last = self.step >= self.total_steps or self.out_of_time
+        if self.validator is not None and not self.stopped_on_nan and self.validator.due(previous, self.step, last):
+            started = time.perf_counter()
+            self.early_stopped = self.validator(self.model, self.step)
+            last = last or self.early_stopped
+            self._exclude_from_speed(time.perf_counter() - started)
         if self.run.is_chief and (self._crossed(previous, args.log_every) or last):
             self._log_step(loss, float(logs.get("accuracy", float("nan"))), sequences, tokens, lr)
         if not self.stopped_on_nan and (self._crossed(previous, args.checkpoint_every) or last):
@@ -126,6 +137,12 @@ class RunMonitor(keras.callbacks.Callback):
             self.last_backup = self.step
         if last:
             self.model.stop_training = True
+
+    def _exclude_from_speed(self, seconds):
+        """Time spent on something else than training steps does not count into tokens/s."""
+        self._last = (self._last[0] + seconds, self._last[1])
+        self._speed_ref = (self._speed_ref[0] + seconds, self._speed_ref[1])
+        self._first = (self._first[0] + seconds, self._first[1])
 
     def _crossed(self, previous, every):
         return self.step // every > previous // every
@@ -158,6 +175,8 @@ class RunMonitor(keras.callbacks.Callback):
         if "val_loss" in logs:
             self.last_validation = (self.step, {k: float(logs[f"val_{k}"]) for k in ("loss", "accuracy")
                                                 if f"val_{k}" in logs})
+        if self.validator is not None and self.validator.latest is not None:
+            logs["val_bleu"] = self.validator.latest[1]
 
     def on_test_batch_end(self, batch, logs=None):
         if logs is not None:
@@ -202,14 +221,18 @@ class GlobalStepTensorBoard(keras.callbacks.TensorBoard):
 
 class FixedColumnsCSVLogger(keras.callbacks.CSVLogger):
     """`keras.callbacks.CSVLogger` (appending, for resumed runs) with fixed columns:
-    the training logs, then `val_loss` and `val_accuracy` when there is validation."""
+    the training logs, then `val_loss` and `val_accuracy` when there is validation,
+    then `val_bleu` with `--validate-bleu-every`."""
 
-    def __init__(self, path, with_validation):
+    def __init__(self, path, with_validation, with_bleu=False):
         super().__init__(path, append=True)
         self.with_validation = with_validation
+        self.with_bleu = with_bleu
 
     def on_epoch_end(self, epoch, logs=None):
         if self.keys is None and logs:
             train_keys = sorted(k for k in logs if not k.startswith("val_"))
             self.keys = train_keys + (["val_accuracy", "val_loss"] if self.with_validation else [])
+            if "val_bleu" in logs or self.with_bleu:
+                self.keys.append("val_bleu")
         super().on_epoch_end(epoch, logs)

@@ -49,6 +49,7 @@ from keras_transformer.training.curves import plot_curves, read_csv
 from keras_transformer.training.options import RESUME_FIXED, TrainingArgs, TrainingResult
 from keras_transformer.training.run import Run
 from keras_transformer.training.stream import TrainingData
+from keras_transformer.training.validation_bleu import ValidationBleu, read_validation_texts
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class _State:
     tokenizer: object = None
     training_data: TrainingData = None
     validation: object = None
+    validator: object = None  # ValidationBleu, with --validate-bleu-every
     steps_per_epoch: int = 0
     total_steps: int = 0
     model: object = None
@@ -147,8 +149,13 @@ def _prepare_data(state):
     run.steps_per_epoch = state.steps_per_epoch
     state.total_steps = args.max_steps or (args.epochs or 10) * state.steps_per_epoch
     if args.validation_split:
-        state.validation = state.training_data.validation(
-            load_dataset(spec, args.validation_split, args.src, args.tgt))
+        validation_text = load_dataset(spec, args.validation_split, args.src, args.tgt)
+        state.validation = state.training_data.validation(validation_text)
+        if args.validate_bleu_every:
+            sources, references = read_validation_texts(validation_text)
+            state.validator = ValidationBleu(run, state.tokenizer, sources, references, args.validate_bleu_every,
+                                             args.bleu_search, args.keep_best, args.early_stopping_patience,
+                                             lang=args.tgt)
 
 
 def _steps_per_epoch(state, num_replicas):
@@ -225,9 +232,10 @@ def _fit(state, callbacks):
             if step > start:
                 os.remove(path)
     _print_plan(state)
-    monitor = run_callbacks.RunMonitor(run, start, total)
+    monitor = run_callbacks.RunMonitor(run, start, total, validator=state.validator)
     all_callbacks = [monitor, keras.callbacks.TerminateOnNaN(),
-                     run_callbacks.FixedColumnsCSVLogger(run.path(HISTORY_FILENAME), state.validation is not None)]
+                     run_callbacks.FixedColumnsCSVLogger(run.path(HISTORY_FILENAME), state.validation is not None,
+                                                         with_bleu=state.validator is not None)]
     if run_callbacks.tensorboard_available():
         all_callbacks.append(run_callbacks.GlobalStepTensorBoard(run.path(LOG_DIR), args.log_every, monitor))
     else:
@@ -244,7 +252,7 @@ def _fit(state, callbacks):
             model.fit(state.training_data.stream(monitor.step, state.steps_per_epoch), initial_epoch=initial_epoch,
                       epochs=epochs, steps_per_epoch=per_epoch, shuffle=False, validation_data=state.validation,
                       validation_freq=args.validate_every, callbacks=all_callbacks, verbose=args.verbose)
-        if monitor.stopped_on_nan or monitor.out_of_time or monitor.step >= total:
+        if monitor.stopped_on_nan or monitor.out_of_time or monitor.early_stopped or monitor.step >= total:
             break
     if monitor.out_of_time and monitor.step < total:
         print(f"Time budget of {args.time_budget:g} min reached at step {monitor.step} "
@@ -306,10 +314,12 @@ def _finish(state, monitor):
         print(f"Run directory {run.run_dir}: {MODEL_FILENAME}, {CHECKPOINT_DIR}/, {HISTORY_FILENAME}, "
               f"{LOG_DIR}/" + (f", {CURVES_FILENAME}" if curves else ""), flush=True)
     speed = monitor.timed_tokens / monitor.timed_seconds if monitor.timed_seconds > 0 else None
+    validator = state.validator
     return TrainingResult(
         run_dir=run.run_dir, model=final, tokenizer=state.tokenizer, step=step, resumed_from=state.start_step,
         history=read_csv(run.path(HISTORY_FILENAME)), val_metrics=val_metrics, tokens_per_sec=speed,
-        stopped_on_nan=monitor.stopped_on_nan,
+        stopped_on_nan=monitor.stopped_on_nan, early_stopped=monitor.early_stopped,
+        val_bleu=validator.latest if validator else None, best_val_bleu=validator.best if validator else None,
     )
 
 

@@ -63,6 +63,14 @@ class TrainingArgs:
         average_last: average the last K checkpoints into the final model
             (§6.1: 5 for base, 20 for big); 0 or 1 keeps the last weights.
         validate_every: epochs between validation runs.
+        validate_bleu_every: steps between translations of the validation
+            split scored with BLEU (and at the last step); None for none
+            (`training.validation_bleu`).
+        bleu_search: "greedy" or "beam" (beam 4, alpha 0.6) for those.
+        keep_best: keep the weights of the best validation BLEU in
+            `checkpoints/best.weights.h5`.
+        early_stopping_patience: stop after this many BLEU validations
+            without improvement; None never stops early.
         log_every: steps between rows of `steps.csv`.
         steps_per_execution: train steps per `tf.function` call.
         batch_multiple: round batch sizes to a multiple of this (default the
@@ -94,6 +102,10 @@ class TrainingArgs:
     keep_checkpoints: int = 5
     average_last: int = 0
     validate_every: int = 1
+    validate_bleu_every: Optional[int] = None
+    bleu_search: str = "greedy"
+    keep_best: bool = False
+    early_stopping_patience: Optional[int] = None
     log_every: int = 10
     steps_per_execution: int = 1
     batch_multiple: Optional[int] = None
@@ -112,7 +124,14 @@ class TrainingArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        for name in ("epochs", "max_steps", "steps_per_epoch", "max_length", "batch_multiple"):
+        if self.bleu_search not in ("greedy", "beam"):
+            raise ValueError(f"bleu_search must be 'greedy' or 'beam', got {self.bleu_search!r}.")
+        if (self.keep_best or self.early_stopping_patience) and not self.validate_bleu_every:
+            raise ValueError("keep_best and early_stopping_patience need validate_bleu_every (--validate-bleu-every N).")
+        if self.validate_bleu_every and not self.validation_split:
+            raise ValueError("validate_bleu_every needs a validation split (--validation-split).")
+        for name in ("epochs", "max_steps", "steps_per_epoch", "max_length", "batch_multiple", "validate_bleu_every",
+                     "early_stopping_patience"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
@@ -154,6 +173,9 @@ class TrainingResult:
         tokens_per_sec: mean target tokens per second over this process's
             steps (compilation excluded).
         stopped_on_nan: training stopped because the loss became NaN.
+        early_stopped: training stopped because validation BLEU stopped improving.
+        val_bleu: `(step, BLEU)` of the last validation BLEU (or None).
+        best_val_bleu: `(step, BLEU)` of the best one (or None).
     """
 
     run_dir: str
@@ -165,3 +187,6 @@ class TrainingResult:
     val_metrics: Optional[dict]
     tokens_per_sec: Optional[float]
     stopped_on_nan: bool = False
+    early_stopped: bool = False
+    val_bleu: Optional[tuple] = None
+    best_val_bleu: Optional[tuple] = None

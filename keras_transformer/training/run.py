@@ -10,6 +10,7 @@ import time
 
 from keras_transformer.run_dir import (
     BACKUP_DIR,
+    BLEU_FILENAME,
     CHECKPOINT_DIR,
     HISTORY_FILENAME,
     STEPS_FILENAME,
@@ -113,6 +114,7 @@ class Run:
         epoch = step // self.steps_per_epoch
         _filter_csv(self.path(HISTORY_FILENAME), lambda row: int(row["epoch"]) < epoch)
         _filter_csv(self.path(STEPS_FILENAME), lambda row: int(row["step"]) <= step)
+        _filter_csv(self.path(BLEU_FILENAME), lambda row: int(row["step"]) <= step)
 
 
 def _filter_csv(path, keep):

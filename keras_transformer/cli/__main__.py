@@ -1,0 +1,7 @@
+"""`python -m keras_transformer.cli` is the `keras-transformer` command."""
+
+import sys
+
+from keras_transformer.cli import main
+
+sys.exit(main())
