@@ -28,7 +28,8 @@ setup(
         "tensorboard~=2.21.0",
     ],
     extras_require={
-        "test": ["pytest>=8", "tensorflow-serving-api~=2.21.0"],
+        # CTranslate2 (42 MB) runs the export_ctranslate2 tests; keras-hub and torch stay in "bench".
+        "test": ["pytest>=8", "tensorflow-serving-api~=2.21.0", "ctranslate2==4.8.5"],
         "bench": ["keras-hub==0.32.0", "ctranslate2==4.8.5", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},
