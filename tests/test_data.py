@@ -216,18 +216,27 @@ def test_load_dataset_specs(tmp_path):
 
 
 def test_load_tfds_with_mock_data():
+    """Each pair is (the `src` feature, the `tgt` feature) of one example, whitespace-normalized;
+    asking for the other direction swaps the sides."""
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=6):
-        ds = data.load_tfds("wmt14_translate/de-en", split="train", src="en", tgt="de")
-        assert ds.element_spec == TEXT_SPEC
-        assert ds.element_spec == corpora.load_multi30k("val").element_spec
-        pairs = list(ds.as_numpy_iterator())
-        assert 0 < len(pairs) <= 6
-        for source, target in pairs:
-            assert isinstance(source, bytes) and isinstance(target, bytes)
-            assert source == source.strip() and source and b"  " not in source
+        raw = list(tfds.load("wmt14_translate/de-en", split="train", shuffle_files=False).as_numpy_iterator())
+        en_de = data.load_tfds("wmt14_translate/de-en", split="train", src="en", tgt="de")
+        de_en = data.load_tfds("wmt14_translate/de-en", split="train", src="de", tgt="en")
+        assert en_de.element_spec == TEXT_SPEC == corpora.load_multi30k("val").element_spec
+        pairs, swapped = list(en_de.as_numpy_iterator()), list(de_en.as_numpy_iterator())
         with pytest.raises(ValueError, match="valid: \\['de', 'en'\\]"):
             data.load_tfds("wmt14_translate/de-en", src="fr")
+
+    def normalized(text):
+        return data.normalize_line(text.decode("utf-8")).encode("utf-8")
+
+    expected = [(normalized(r["en"]), normalized(r["de"])) for r in raw]
+    expected = [(s, t) for s, t in expected if s and t]
+    assert len(raw) == 6 and pairs == expected
+    assert swapped == [(t, s) for s, t in expected]
+    # The mock texts have runs of spaces: the pipeline must have normalized something.
+    assert any(b"  " in r["en"] + r["de"] for r in raw)
 
 
 # ---------------------------------------------------------------------------

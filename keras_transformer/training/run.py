@@ -25,6 +25,9 @@ from keras_transformer.training.strategy import strategy_worker
 class Run:
     """State of one training process: directories, chief or not, data stream, checkpoints."""
 
+    # The clock of the time budget (seconds); tests replace it to pace training without sleeping.
+    clock = staticmethod(time.perf_counter)
+
     def __init__(self, args, strategy):
         self.args = args
         self.strategy = strategy
@@ -32,7 +35,7 @@ class Run:
         self.run_dir = os.path.abspath(args.output)
         # Non-chief workers write into their own subdirectory (same layout).
         self.out_dir = self.run_dir if self.is_chief else os.path.join(self.run_dir, f"worker-{self.worker_index}")
-        self.start_time = time.perf_counter()
+        self.start_time = self.clock()
         self.steps_per_epoch = None
         self.trained_seconds = 0.0  # training time of the run's earlier processes (from the backup)
         self.train_start = None  # when this process began training
@@ -43,7 +46,7 @@ class Run:
         """Training time of the run so far: earlier processes up to the backup, plus this one's."""
         if self.train_start is None:
             return self.trained_seconds
-        return self.trained_seconds + time.perf_counter() - self.train_start
+        return self.trained_seconds + self.clock() - self.train_start
 
     def out_of_time(self):
         """Whether the run has used up its `--time-budget` (never without one)."""
