@@ -1,6 +1,5 @@
 """Tests for keras_transformer.data.tokenizer (SentencePiece BPE, in-graph)."""
 
-
 import numpy as np
 import pytest
 import sentencepiece as spm
