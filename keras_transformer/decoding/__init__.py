@@ -19,6 +19,10 @@ Public API:
   or `([B, K, L], [B, K])` best first with `return_all=True`
 - `make_decode_fn(model, method, jit_compile, **options)`: a `tf.function`
   over int32 `source_ids [None, None]`, ready for a SavedModel.
+- `sampling_search(model, source_ids, temperature, top_k, seed)`: random
+  sampling (back-translation), reproducible with a seed.
+- `score_outputs(model, source_ids, output_ids)`: forced decoding, the
+  log-probability of given outputs.
 - `length_penalty(length, alpha)`.
 
 Everything runs as one TensorFlow graph: a `tf.while_loop` (whose loop
@@ -59,7 +63,8 @@ from keras_transformer.decoding.defaults import (
     NEG_INF,
 )
 from keras_transformer.decoding.loops import length_penalty
-from keras_transformer.decoding.search import beam_search, greedy_search, make_decode_fn
+from keras_transformer.decoding.scoring import score_outputs
+from keras_transformer.decoding.search import beam_search, greedy_search, make_decode_fn, sampling_search
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -72,4 +77,6 @@ __all__ = [
     "greedy_search",
     "length_penalty",
     "make_decode_fn",
+    "sampling_search",
+    "score_outputs",
 ]

@@ -21,8 +21,14 @@ def length_penalty(length, alpha):
 
 
 
-def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_id, use_cache, max_extra_length):
-    """Untrimmed greedy search: `(token_ids [B, L], scores [B])`."""
+def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_id, use_cache, max_extra_length,
+                        choose_tokens=None):
+    """Untrimmed greedy search: `(token_ids [B, L], scores [B])`.
+
+    `choose_tokens(log_probs [B, V], i) -> tokens [B]` picks each step's
+    token (default: the most probable; sampling passes a random draw). The
+    score adds the chosen tokens' log-probabilities.
+    """
     batch_size = tf.shape(source_ids)[0]
     buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
     memory = model.encode(source_ids, training=False)  # [B, S, D]
@@ -31,8 +37,12 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
     def body(i, token_ids, scores, done, model_state):
         logits, model_state = step(i, token_ids[:, None], model_state)  # [B, 1, V]
         log_probs = forbid_tokens(tf.nn.log_softmax(logits[:, 0]), i, min_length, eos_id)  # [B, V]
-        tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B]
-        token_log_probs = tf.reduce_max(log_probs, axis=-1)  # [B]
+        if choose_tokens is None:
+            tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B]
+            token_log_probs = tf.reduce_max(log_probs, axis=-1)  # [B]
+        else:
+            tokens = choose_tokens(log_probs, i)
+            token_log_probs = tf.gather(log_probs, tokens, batch_dims=1)
         # Finished sentences only append padding and keep their score.
         tokens = tf.where(done, PAD_ID, tokens)
         scores += tf.where(done, 0.0, token_log_probs)

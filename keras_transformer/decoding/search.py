@@ -16,6 +16,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_EARLY_STOPPING,
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
+    NEG_INF,
 )
 from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
 from keras_transformer.decoding.tokens import trim_padding
@@ -63,6 +64,62 @@ def greedy_search(
         return _eager_call(model, "greedy", source_ids, options)
     source_ids = tf.cast(source_ids, tf.int32)
     token_ids, scores = greedy_search_graph(model, source_ids, **options)
+    return trim_padding(token_ids), scores
+
+
+def sampling_search(
+    model,
+    source_ids,
+    temperature=1.0,
+    top_k=0,
+    seed=None,
+    max_length=None,
+    min_length=0,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+    use_cache=True,
+    max_extra_length=EXTRA_OUTPUT_LENGTH,
+):
+    """Random sampling, token by token, for back-translation and data augmentation.
+
+    At every step the next token is drawn from the model's distribution
+    divided by `temperature` (softmax(logits / T)), restricted to the `top_k`
+    most probable tokens when `top_k > 0` (Fan et al., 2018). Not in the
+    paper, which decodes by beam search (§6.1); output limits and the other
+    arguments are those of `greedy_search`.
+
+    Args:
+        temperature: > 0; 1 samples from the model, smaller is closer to greedy.
+        top_k: 0 for the whole vocabulary; 1 is greedy search.
+        seed: an int makes the draws reproducible (stateless random ops keyed
+            by the seed and the step); None draws a new seed at every call.
+
+    Returns:
+        `(token_ids [B, L], scores [B])` as `greedy_search`; a score is the sum
+        of the sampled tokens' log-probabilities under the model (temperature 1,
+        whole vocabulary).
+    """
+    options = dict(temperature=temperature, top_k=top_k, seed=seed, max_length=max_length, min_length=min_length,
+                   bos_id=bos_id, eos_id=eos_id, use_cache=use_cache, max_extra_length=max_extra_length)
+    _check_options(**options)
+    if tf.executing_eagerly():
+        return _eager_call(model, "sampling", source_ids, options)
+    source_ids = tf.cast(source_ids, tf.int32)
+    if seed is None:
+        base_seed = tf.random.uniform([], maxval=2**31 - 1, dtype=tf.int32)
+    else:
+        base_seed = tf.constant(seed, tf.int32)
+
+    def choose_tokens(log_probs, i):
+        logits = log_probs / tf.cast(temperature, log_probs.dtype)
+        if top_k:
+            kth = tf.math.top_k(logits, k=min(top_k, logits.shape[-1] or top_k)).values[:, -1:]  # [B, 1]
+            logits = tf.where(logits < kth, NEG_INF, logits)
+        draws = tf.random.stateless_categorical(logits, 1, seed=tf.stack([base_seed, i]), dtype=tf.int32)
+        return draws[:, 0]
+
+    greedy_options = {k: v for k, v in options.items() if k not in ("temperature", "top_k", "seed")}
+    token_ids, scores = greedy_search_graph(model, source_ids, **greedy_options, choose_tokens=choose_tokens)
     return trim_padding(token_ids), scores
 
 
@@ -156,10 +213,10 @@ def make_decode_fn(model, method="beam", jit_compile=False, **options):
 
     Args:
         model: the `Transformer`.
-        method: "beam" or "greedy".
+        method: "beam", "greedy" or "sampling".
         jit_compile: compile the search with XLA (one compilation per input
             shape).
-        **options: keyword arguments of `beam_search` / `greedy_search`
+        **options: keyword arguments of `beam_search` / `greedy_search` / `sampling_search`
             (e.g. `beam_size=4, alpha=0.6, max_length=None`).
 
     Returns:
@@ -168,14 +225,25 @@ def make_decode_fn(model, method="beam", jit_compile=False, **options):
         model).
 
     Example:
-    >>> translate = make_decode_fn(model, "beam", beam_size=4, alpha=0.6)
-    >>> token_ids, scores = translate(source_ids)
+    >>> from keras_transformer import Transformer, TransformerConfig
+    >>> model = Transformer(TransformerConfig.tiny(vocab_size=100))
+    >>> translate = make_decode_fn(model, "beam", beam_size=4, alpha=0.6, max_length=8)
+    >>> token_ids, scores = translate(tf.constant([[5, 6, 7, 3], [8, 9, 3, 0]]))
+    >>> token_ids.dtype.name, token_ids.shape[1] <= 8, scores.shape.as_list()
+    ('int32', True, [2])
     """
     return _make_decode_fn(lambda: model, method, jit_compile, options)
 
 
 def _check_options(beam_size=1, alpha=0.0, max_length=None, min_length=0, bos_id=BOS_ID, eos_id=EOS_ID,
-                   max_extra_length=EXTRA_OUTPUT_LENGTH, early_stopping=DEFAULT_EARLY_STOPPING, **_):
+                   max_extra_length=EXTRA_OUTPUT_LENGTH, early_stopping=DEFAULT_EARLY_STOPPING, temperature=1.0,
+                   top_k=0, seed=None, **_):
+    if not float(temperature) > 0.0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}.")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}.")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be None or an integer, got {seed!r}.")
     if early_stopping not in EARLY_STOPPING:
         raise ValueError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
@@ -207,9 +275,10 @@ def _eager_call(model, method, source_ids, options):
 
 
 def _make_decode_fn(get_model, method, jit_compile, options):
-    if method not in ("beam", "greedy"):
-        raise ValueError(f"method must be 'beam' or 'greedy', got {method!r}.")
-    search = beam_search if method == "beam" else greedy_search
+    searches = {"beam": beam_search, "greedy": greedy_search, "sampling": sampling_search}
+    if method not in searches:
+        raise ValueError(f"method must be one of {', '.join(searches)}, got {method!r}.")
+    search = searches[method]
     unknown = sorted(set(options) - set(inspect.signature(search).parameters) - {"model", "source_ids"})
     if unknown:
         raise TypeError(f"{search.__name__} has no option(s) {', '.join(unknown)}.")

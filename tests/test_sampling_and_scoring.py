@@ -1,0 +1,89 @@
+"""Sampling search and forced-decoding scores, against the searches they must agree with."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import Transformer, TransformerConfig
+from keras_transformer.decoding import beam_search, greedy_search, sampling_search, score_outputs
+
+VOCAB = 40
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(5)
+    model = Transformer(TransformerConfig.tiny(VOCAB, dropout=0.0, num_layers=1, d_model=32, d_ff=64))
+    model.build()
+    return model
+
+
+def sources(seed=0, lengths=(5, 9, 3, 7)):
+    rng = np.random.default_rng(seed)
+    width = max(lengths)
+    rows = [list(rng.integers(4, VOCAB, size=n)) + [3] + [0] * (width - n) for n in lengths]
+    return np.array(rows, np.int32)
+
+
+def test_forced_decoding_scores_equal_the_scores_beam_search_reports(model):
+    """With the length penalty off, beam search's score of each hypothesis is its log P(Y | X)."""
+    ids, scores = beam_search(model, sources(), beam_size=3, alpha=0.0, max_length=10, return_all=True)
+    ids, scores = ids.numpy(), scores.numpy()  # [B, K, L], [B, K]
+    batch, k, length = ids.shape
+    repeated_sources = np.repeat(sources(), k, axis=0)
+    log_probs, lengths = score_outputs(model, repeated_sources, ids.reshape(batch * k, length))
+    np.testing.assert_allclose(log_probs.numpy().reshape(batch, k), scores, atol=1e-4)
+    np.testing.assert_array_equal(lengths.numpy().reshape(batch, k), (ids != 0).sum(-1))
+
+
+def test_forced_decoding_scores_greedy_outputs(model):
+    ids, scores = greedy_search(model, sources(1), max_length=12)
+    log_probs, _ = score_outputs(model, sources(1), ids)
+    np.testing.assert_allclose(log_probs.numpy(), scores.numpy(), atol=1e-4)
+
+
+def test_sampling_with_top_k_1_is_greedy_search(model):
+    greedy_ids, greedy_scores = greedy_search(model, sources(), max_length=12)
+    sampled_ids, sampled_scores = sampling_search(model, sources(), top_k=1, seed=1, max_length=12)
+    np.testing.assert_array_equal(sampled_ids.numpy(), greedy_ids.numpy())
+    np.testing.assert_allclose(sampled_scores.numpy(), greedy_scores.numpy(), atol=1e-5)
+
+
+def test_sampling_is_reproducible_for_a_seed_and_varies_with_it(model):
+    src = np.repeat(sources(2, (6,)), 8, axis=0)  # one sentence, 8 draws
+    first, _ = sampling_search(model, src, temperature=2.0, seed=7, max_length=10)
+    again, _ = sampling_search(model, src, temperature=2.0, seed=7, max_length=10)
+    other, _ = sampling_search(model, src, temperature=2.0, seed=8, max_length=10)
+    np.testing.assert_array_equal(first.numpy(), again.numpy())
+    assert not np.array_equal(first.numpy(), other.numpy())
+    # The rows of one call are different draws too, not one draw repeated.
+    assert len({tuple(row) for row in first.numpy()}) > 1
+
+
+def test_sampling_scores_are_the_models_log_probabilities_of_the_samples(model):
+    ids, scores = sampling_search(model, sources(3), temperature=1.5, top_k=10, seed=3, max_length=10, min_length=2)
+    ids = ids.numpy()
+    assert (ids[:, :2] != 3).all() and (ids[:, :2] != 0).all()  # no end token, no padding before min_length
+    log_probs, _ = score_outputs(model, sources(3), ids)
+    np.testing.assert_allclose(log_probs.numpy(), scores.numpy(), atol=1e-4)
+
+
+def test_top_k_restricts_the_draws(model):
+    """With top_k = 2, every sampled token is one of the two most probable at its step."""
+    src = sources(4, (5,))
+    ids, _ = sampling_search(model, np.repeat(src, 6, axis=0), top_k=2, temperature=3.0, seed=2, max_length=6)
+    for row in ids.numpy():
+        prefix = [2]
+        for token in row:
+            if token == 0:
+                break
+            logits = model((src, np.array([prefix])), training=False)[0, -1].numpy()
+            logits[0] = -np.inf  # padding is never generated
+            assert token in np.argsort(logits)[-2:]
+            prefix.append(int(token))
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(top_k=-1), dict(seed="x")])
+def test_bad_sampling_options_are_refused(model, bad):
+    with pytest.raises(ValueError):
+        sampling_search(model, sources(), **bad)
