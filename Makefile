@@ -16,8 +16,10 @@ $(STAMP): setup.py
 demo: $(STAMP)
 	$(PY) examples/train_multi30k.py
 
+# The tests, then every `>>>` example in the package's docstrings (--doctest-modules, pytest.ini);
+# the 15 slowest are listed at the end.
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests keras_transformer --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

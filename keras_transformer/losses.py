@@ -106,7 +106,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     Example:
     >>> loss = LabelSmoothedCrossEntropy(0.1)
-    >>> loss(ops.array([[5, 0]]), keras.random.normal((1, 2, 10)))  # ignores the padded 2nd token
+    >>> logits = ops.stack([ops.zeros(10), ops.arange(10.0)])[None]  # [1, 2, V = 10]
+    >>> float(loss(ops.array([[5, 0]]), logits))  # uniform 1st token: log V; the padded 2nd adds nothing
+    2.302585...
     """
 
     def __init__(self, label_smoothing=0.1, pad_id=PAD_ID, name="label_smoothed_cross_entropy", **kwargs):

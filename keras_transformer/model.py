@@ -50,7 +50,10 @@ class Transformer(keras.Model):
     Example:
     >>> model = Transformer(TransformerConfig.tiny(vocab_size=1000))
     >>> model.compile()
-    >>> logits = model((source_ids, target_ids))
+    >>> source_ids = ops.array([[5, 6, 7, 3], [8, 9, 3, 0]])  # 0 pads, 3 ends
+    >>> target_ids = ops.array([[2, 10, 11], [2, 12, 0]])     # 2 starts
+    >>> tuple(model((source_ids, target_ids)).shape)         # [B, T, vocab_size]
+    (2, 3, 1000)
     """
 
     def __init__(self, config, **kwargs):

@@ -29,6 +29,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     >>> schedule = TransformerSchedule(512)
     >>> float(schedule.rate(4000))  # the peak: 512^-0.5 * 4000^-0.5
     0.000698...
+    >>> float(schedule(0))  # the first update (iterations 0) uses step_num 1
+    1.74...e-07
     """
 
     def __init__(self, d_model, warmup_steps=4000, scale=1.0):

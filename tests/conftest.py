@@ -9,6 +9,10 @@ import json  # noqa: E402
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+# A script that tests/test_distributed.py runs in subprocesses: not a test module, and
+# `--doctest-modules` (pytest.ini) must not import it.
+collect_ignore = ["distributed_worker.py"]
+
 TINY_RUN_VOCAB = 400
 TINY_RUN_MAX_LENGTH = 32
 

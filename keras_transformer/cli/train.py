@@ -125,9 +125,15 @@ def _add_schedule_flags(parser, d):
 
 
 def _add_run_flags(parser, d):
-    """Run directory, precision, checkpoints, validation and logs."""
+    """Run directory, starting point, precision, checkpoints, validation and logs."""
     run = parser.add_argument_group("run")
     run.add_argument("--output", "-o", default=d.output, help="run directory (default %(default)s)")
+    run.add_argument("--init-from", default=d.init_from, metavar="RUN_DIR",
+                     help="start from this run's model, vocabulary and weights (fine-tuning on new data); only "
+                          "dropout, attention dropout and label smoothing may differ")
+    run.add_argument("--resume-optimizer", action=argparse.BooleanOptionalAction, default=d.resume_optimizer,
+                     help="with --init-from: also its optimizer state and step (default: a fresh optimizer and "
+                          "warmup)")
     run.add_argument("--precision", choices=PRECISION_CHOICES, default=d.precision,
                      help="Keras dtype policy; auto: mixed_bfloat16 on a CPU with native bfloat16 "
                           "(AVX512_BF16, AMX) or Ampere+ GPUs, mixed_float16 on Volta/Turing, else float32 "

@@ -58,10 +58,20 @@ class Translator(tf.Module):
             `(token_ids, scores)` (`keras_transformer.decoding.make_decode_fn`);
             its scores are raw from the search (log P for greedy).
 
-    Example:
-    >>> translator = Translator.from_run_dir("runs/multi30k")
-    >>> translator.translate(["A dog runs on the beach."])
-    ['Ein Hund läuft am Strand.']
+    Example (an untrained tiny model, so its words are random; for a trained
+    one, `Translator.from_run_dir("runs/multi30k")` loads the final model and
+    vocabulary of a training run directory):
+    >>> import tempfile
+    >>> from keras_transformer import Transformer, TransformerConfig
+    >>> from keras_transformer.data.corpora import read_lines
+    >>> from keras_transformer.data.tokenizer import train_tokenizer
+    >>> texts = read_lines("train", "en")[:500]  # the vendored Multi30k
+    >>> tokenizer = train_tokenizer(texts, tempfile.mkdtemp() + "/spm", vocab_size=400)
+    >>> model = Transformer(TransformerConfig.tiny(vocab_size=400))
+    >>> translator = Translator(model, tokenizer, beam_size=4, alpha=0.6, max_extra_length=5)
+    >>> translations, scores = translator.translate(["A dog runs on the beach.", "  "], return_scores=True)
+    >>> len(translations), type(translations[0]).__name__, translations[1], scores[1]  # a blank input: "" and 0
+    (2, 'str', '', 0.0)
     """
 
     def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,

@@ -114,8 +114,11 @@ class MultiHeadAttention(keras.layers.Layer):
     Example:
     >>> mha = MultiHeadAttention(num_heads=8, key_dim=64)
     >>> x = keras.random.normal((2, 10, 512))
-    >>> mha(x, use_causal_mask=True).shape
-    (2, 10, 512)
+    >>> output, weights = mha(x, use_causal_mask=True, return_attention_scores=True)
+    >>> tuple(output.shape), tuple(weights.shape)  # [B, T, D], [B, N, T, S]
+    ((2, 10, 512), (2, 8, 10, 10))
+    >>> float(ops.max(ops.triu(weights, k=1)))  # no query attends to a later key
+    0.0
 
     References:
         Vaswani et al., "Attention Is All You Need", NeurIPS 2017, §3.2.

@@ -42,10 +42,10 @@ class DecoderLayer(TransformerLayer):
         updated cache.
 
     Example:
-    >>> layer = DecoderLayer(num_heads=8, d_ff=2048)
-    >>> y, memory = keras.random.normal((2, 5, 512)), keras.random.normal((2, 9, 512))
-    >>> layer(y, memory, use_causal_mask=True).shape
-    (2, 5, 512)
+    >>> layer = DecoderLayer(num_heads=4, d_ff=128)
+    >>> y, memory = keras.random.normal((2, 5, 32)), keras.random.normal((2, 9, 32))
+    >>> tuple(layer(y, memory, use_causal_mask=True).shape)  # [B, T, d_model]
+    (2, 5, 32)
     """
 
     def build(self, inputs_shape, memory_shape=None):
@@ -161,10 +161,11 @@ class Decoder(TransformerStack):
             `{"self": [per layer], "cross": [per layer]}` weights.
 
     Example:
-    >>> decoder = Decoder(num_layers=6, num_heads=8, d_ff=2048)
-    >>> y, memory = keras.random.normal((2, 5, 512)), keras.random.normal((2, 9, 512))
-    >>> decoder(y, memory).shape
-    (2, 5, 512)
+    >>> decoder = Decoder(num_layers=2, num_heads=4, d_ff=128)
+    >>> y, memory = keras.random.normal((2, 5, 32)), keras.random.normal((2, 9, 32))
+    >>> outputs, weights = decoder(y, memory, return_attention_scores=True)
+    >>> tuple(outputs.shape), len(weights["self"]), tuple(weights["cross"][0].shape)
+    ((2, 5, 32), 2, (2, 4, 5, 9))
     """
 
     layer_class = DecoderLayer

@@ -44,8 +44,10 @@ class SharedEmbedding(keras.layers.Layer):
 
     Example:
     >>> embedding = SharedEmbedding(vocab_size=8000, d_model=256)
-    >>> x = embedding(ops.ones((2, 5), dtype="int32"))   # [2, 5, 256]
-    >>> logits = embedding.project(x)                     # [2, 5, 8000]
+    >>> x = embedding(ops.ones((2, 5), dtype="int32"))
+    >>> logits = embedding.project(x)
+    >>> tuple(x.shape), tuple(logits.shape), len(embedding.weights)  # one matrix for both
+    ((2, 5, 256), (2, 5, 8000), 1)
     """
 
     def __init__(self, vocab_size, d_model, scale=True, embeddings_initializer=None, **kwargs):

@@ -43,9 +43,10 @@ class EncoderLayer(TransformerLayer):
         return_attention_scores: also return the weights `[B, h, S, S]`.
 
     Example:
-    >>> layer = EncoderLayer(num_heads=8, d_ff=2048)
-    >>> layer(keras.random.normal((2, 9, 512))).shape
-    (2, 9, 512)
+    >>> layer = EncoderLayer(num_heads=4, d_ff=128)
+    >>> outputs, weights = layer(keras.random.normal((2, 9, 32)), return_attention_scores=True)
+    >>> tuple(outputs.shape), tuple(weights.shape)  # [B, S, d_model], [B, h, S, S]
+    ((2, 9, 32), (2, 4, 9, 9))
     """
 
     def build(self, input_shape):
@@ -106,10 +107,14 @@ class Encoder(TransformerStack):
         `[B, S, d_model]` (and the list of weights).
 
     Example:
-    >>> encoder = Encoder(num_layers=6, num_heads=8, d_ff=2048)
-    >>> x = keras.random.normal((2, 9, 512))
-    >>> encoder(x, padding_mask=ops.ones((2, 9), "bool")).shape
-    (2, 9, 512)
+    >>> encoder = Encoder(num_layers=2, num_heads=4, d_ff=128)
+    >>> x = keras.random.normal((2, 9, 32))
+    >>> padding_mask = ops.arange(9) < ops.array([[9], [6]])  # the 2nd sentence has 6 tokens
+    >>> outputs, weights = encoder(x, padding_mask=padding_mask, return_attention_scores=True)
+    >>> tuple(outputs.shape), len(weights)
+    ((2, 9, 32), 2)
+    >>> float(ops.max(weights[1][1, :, :, 6:]))  # no attention to the padding
+    0.0
     """
 
     layer_class = EncoderLayer

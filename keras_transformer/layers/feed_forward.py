@@ -27,8 +27,11 @@ class FeedForward(keras.layers.Layer):
         `[B, T, output_dim]`.
 
     Example:
-    >>> FeedForward(d_ff=2048)(keras.random.normal((2, 7, 512))).shape
+    >>> ffn = FeedForward(d_ff=2048)
+    >>> tuple(ffn(keras.random.normal((2, 7, 512))).shape)
     (2, 7, 512)
+    >>> ffn.count_params()  # W_1, b_1, W_2, b_2 of the base model: 512*2048 + 2048 + 2048*512 + 512
+    2099712
     """
 
     def __init__(self, d_ff, output_dim=None, activation="relu", kernel_initializer="glorot_uniform", **kwargs):

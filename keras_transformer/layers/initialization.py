@@ -28,8 +28,15 @@ def initializer_for_weight(initializer, index=0):
 
     Example:
     >>> init = keras.initializers.GlorotUniform()
+    >>> bool(keras.ops.all(init((4, 4)) == init((4, 4))))  # one instance: equal matrices
+    True
     >>> w_q = initializer_for_weight(init, 0)((4, 4))
-    >>> w_k = initializer_for_weight(init, 1)((4, 4))   # differs from w_q
+    >>> w_k = initializer_for_weight(init, 1)((4, 4))
+    >>> bool(keras.ops.all(w_q == w_k))
+    False
+    >>> seeded = keras.initializers.GlorotUniform(seed=7)
+    >>> [initializer_for_weight(seeded, i).seed for i in range(3)]
+    [7, 8, 9]
     """
     if not isinstance(initializer, keras.initializers.Initializer):
         return initializer

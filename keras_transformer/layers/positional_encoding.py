@@ -48,7 +48,11 @@ class PositionalEncoding(keras.layers.Layer):
         `inputs + PE[start_index : start_index + T]` (or `inputs + PE[positions]`).
 
     Example:
-    >>> PositionalEncoding()(ops.zeros((1, 3, 4)))[0]  # rows are PE(0), PE(1), PE(2)
+    >>> pe = PositionalEncoding()(ops.zeros((1, 3, 4)))[0]  # rows are PE(0), PE(1), PE(2)
+    >>> ops.convert_to_numpy(pe).round(4)  # columns: sin(pos), cos(pos), sin(pos/100), cos(pos/100)
+    array([[ 0.    ,  1.    ,  0.    ,  1.    ],
+           [ 0.8415,  0.5403,  0.01  ,  1.    ],
+           [ 0.9093, -0.4161,  0.02  ,  0.9998]], dtype=float32)
     """
 
     def __init__(self, **kwargs):

@@ -95,7 +95,11 @@ class RunMonitor(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         logs = logs if logs is not None else {}
         now = time.perf_counter()
-        previous, self.step = self.step, self._epoch_start_step + batch + 1
+        # `batch` is the last step of the execution (`steps_per_execution` > 1); the
+        # last execution of an epoch may stop short at the epoch's end.
+        steps_in_epoch = (self.params or {}).get("steps")
+        done_in_epoch = batch + 1 if not steps_in_epoch else min(batch + 1, steps_in_epoch)
+        previous, self.step = self.step, self._epoch_start_step + done_in_epoch
         if self.model.distribute_strategy.num_replicas_in_sync > 1:
             # Keras logs the mean (or first) of the replicas' own metric values;
             # read the metrics across replicas instead: exact global values.

@@ -1,12 +1,14 @@
 """`train()`: the paper's training (Vaswani et al., 2017, §5) with `model.fit`, in named phases.
 
-1. `_set_up`: strategy, dtype policy, run directory, resume point.
+1. `_set_up`: strategy, dtype policy, run directory, resume point (and
+   with `--init-from`, the other run's configuration and vocabulary).
 2. `_prepare_data`: vocabulary (`spm.model`, reused if present), the training
    stream and its epoch length, the validation batches.
 3. `_record_options`: `config.json` on a fresh run; a resume appends what it
    changed to `resumes.jsonl` and keeps the first options file.
 4. `_build_model`: the model, Adam on the schedule of §5.3 and the metrics,
-   under `strategy.scope()`; the backup's weights on a resume.
+   under `strategy.scope()`; the backup's weights on a resume, or the weights
+   of `--init-from`'s run on a fresh start.
 5. `_fit`: `model.fit` with the callbacks, up to the last step or the time budget.
 6. `_finish`: the final float32 model, averaged over the last checkpoints
    (§6.1), validated, saved as `model.keras`; `curves.png`.
@@ -43,6 +45,7 @@ from keras_transformer.run_dir import (
     read_config,
 )
 from keras_transformer.training import callbacks as run_callbacks
+from keras_transformer.training import init_from
 from keras_transformer.training import strategy as strategies
 from keras_transformer.training.averaging import average_checkpoints
 from keras_transformer.training.curves import plot_curves, read_csv
@@ -117,7 +120,12 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
 def _set_up(args, strategy):
     """Run directory, dtype policy, resume point and seeds."""
     run = Run(args, strategy)
-    model_config = args.model_config()
+    if args.init_from:
+        model_config = init_from.model_config_from(args.init_from, args.model_config_overrides())
+        if run.is_chief:
+            init_from.adopt_vocabulary(run.run_dir, args.init_from)
+    else:
+        model_config = args.model_config()
     state = _State(args=args, strategy=strategy, run=run, model_config=model_config)
     state.saved = _check_resume_config(run.run_dir, args, model_config)
     state.precision = args.precision
@@ -140,7 +148,7 @@ def _prepare_data(state):
     num_replicas = args.batch_multiple or state.strategy.num_replicas_in_sync
     max_length = state.model_config.max_length
     state.tokenizer = get_or_train_tokenizer(
-        run.run_dir, lambda: spec.training_texts(args.src, args.tgt), args.vocab_size)
+        run.run_dir, lambda: spec.training_texts(args.src, args.tgt), state.model_config.vocab_size)
     state.training_data = TrainingData(args, state.tokenizer, spec.load("train", args.src, args.tgt),
                                        num_replicas, max_length)
     state.steps_per_epoch = _steps_per_epoch(state, num_replicas)
@@ -210,6 +218,10 @@ def _build_model(state):
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         element_spec = state.training_data.stream(0, state.steps_per_epoch).element_spec
         strategies.work_around_keras_multiworker(model, strategy, element_spec)
+    if state.backup is None and args.init_from:
+        with strategy.scope():
+            loaded = init_from.load_initial_weights(model, args.init_from, args.resume_optimizer)
+        print(f"initialized from {args.init_from} ({loaded})", flush=True)
     if state.backup is not None:
         with strategy.scope():
             model.load_weights(state.backup[1])
@@ -246,10 +258,16 @@ def _fit(state, callbacks):
                   else f"Run already trained to step {start} (>= {total})")
         print(f"{reason}; nothing to train.", flush=True)
         return monitor
-    for initial_epoch, epochs, per_epoch in _fit_plan(start, total, state.steps_per_epoch):
+    for initial_epoch, epochs, per_epoch in _fit_plan(start, total, state.steps_per_epoch, args.steps_per_execution):
+        batches = state.training_data.stream(monitor.step, state.steps_per_epoch)
+        if args.steps_per_execution > 1:
+            # Keras runs whole executions of N steps, also past the end of an epoch (or of
+            # the run): the data of each one-epoch call ends with the epoch, which cuts
+            # its last execution short.
+            batches = batches.take(per_epoch)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            model.fit(state.training_data.stream(monitor.step, state.steps_per_epoch), initial_epoch=initial_epoch,
+            model.fit(batches, initial_epoch=initial_epoch,
                       epochs=epochs, steps_per_epoch=per_epoch, shuffle=False, validation_data=state.validation,
                       validation_freq=args.validate_every, callbacks=all_callbacks, verbose=args.verbose)
         if monitor.stopped_on_nan or monitor.out_of_time or monitor.early_stopped or monitor.step >= total:
@@ -323,13 +341,24 @@ def _finish(state, monitor):
     )
 
 
-def _fit_plan(step, total_steps, steps_per_epoch):
+def _fit_plan(step, total_steps, steps_per_epoch, steps_per_execution=1):
     """`fit` calls `(initial_epoch, epochs, steps_per_epoch)` from `step` to `total_steps`.
 
     Keras epochs have a fixed number of steps, so a run resumed inside an epoch
     first finishes that epoch in a `fit` call of its own; a last, partial epoch
-    is cut by the monitor's stop at `total_steps`.
+    is cut by the monitor's stop at `total_steps`. With `steps_per_execution`
+    > 1, one call per epoch, each with its exact number of steps (`_fit` ends
+    each call's data there: Keras would otherwise run the last execution of an
+    epoch whole, past the epoch's end or `total_steps`).
     """
+    if steps_per_execution > 1:
+        plan = []
+        while step < total_steps:
+            epoch, into = divmod(step, steps_per_epoch)
+            steps = min(steps_per_epoch - into, total_steps - step)
+            plan.append((epoch, epoch + 1, steps))
+            step += steps
+        return plan
     plan = []
     epoch, into = divmod(step, steps_per_epoch)
     if into:

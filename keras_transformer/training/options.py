@@ -7,6 +7,7 @@ loading TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Optional
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -49,6 +50,12 @@ class TrainingArgs:
             MultiWorkerMirroredStrategy (each worker would stop at its own step).
         steps_per_epoch: steps per epoch for streamed (`tfds:`) corpora.
         warmup_steps, lr_scale: equation (3) of §5.3.
+    Starting point:
+        init_from: a run directory whose model configuration, vocabulary
+            and weights this run starts from (fine-tuning, continued
+            training; `training.init_from`).
+        resume_optimizer: with `init_from`, also take its optimizer state
+            and step (the schedule goes on) instead of a fresh optimizer.
     Run:
         output: run directory.
         precision: Keras dtype policy: "float32", "mixed_bfloat16" or
@@ -110,6 +117,8 @@ class TrainingArgs:
     steps_per_execution: int = 1
     batch_multiple: Optional[int] = None
     verbose: Any = "auto"
+    init_from: Optional[str] = None
+    resume_optimizer: bool = False
 
     def __post_init__(self):
         if self.precision not in PRECISION_CHOICES:
@@ -124,6 +133,10 @@ class TrainingArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.resume_optimizer and not self.init_from:
+            raise ValueError("resume_optimizer needs init_from (--init-from RUN_DIR).")
+        if self.init_from is not None and os.path.abspath(self.init_from) == os.path.abspath(self.output):
+            raise ValueError("init_from is the run directory itself: to continue a run, run the same command again.")
         if self.bleu_search not in ("greedy", "beam"):
             raise ValueError(f"bleu_search must be 'greedy' or 'beam', got {self.bleu_search!r}.")
         if (self.keep_best or self.early_stopping_patience) and not self.validate_bleu_every:
@@ -140,14 +153,18 @@ class TrainingArgs:
         if not self.lr_scale > 0:
             raise ValueError(f"lr_scale must be positive, got {self.lr_scale!r}.")
 
+    def model_config_overrides(self):
+        """`overrides`, with `max_length` when it is set."""
+        overrides = dict(self.overrides)
+        if self.max_length is not None:
+            overrides["max_length"] = self.max_length
+        return overrides
+
     def model_config(self, vocab_size=None):
         """The `TransformerConfig` of the preset with the overrides (and `max_length`)."""
         from keras_transformer.config import TransformerConfig
 
-        overrides = dict(self.overrides)
-        if self.max_length is not None:
-            overrides["max_length"] = self.max_length
-        return TransformerConfig.from_preset(self.preset, vocab_size or self.vocab_size, **overrides)
+        return TransformerConfig.from_preset(self.preset, vocab_size or self.vocab_size, **self.model_config_overrides())
 
     def to_dict(self):
         return dataclasses.asdict(self)
