@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="keras-transformer",
-    version="0.1.0",
+    version="0.2.0",
     description=(
         "A paper-faithful TensorFlow/Keras 3 implementation of the Transformer "
         "(Vaswani et al., 2017): layers, training, beam search and TF Serving export."
@@ -12,6 +12,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
+    license_files=["LICENSE", "NOTICE"],
     python_requires=">=3.10",
     packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
     package_data={"keras_transformer": ["data/*/*.gz", "data/*/README.md"]},
