@@ -28,7 +28,8 @@ def save_weights_without_optimizer(model, path):
     """
     from keras.src.saving import saving_lib
 
-    saving_lib.save_weights_only(model, path, objects_to_skip=[model.optimizer] if model.optimizer else None)
+    optimizer = getattr(model, "optimizer", None)  # none before compile()
+    saving_lib.save_weights_only(model, path, objects_to_skip=[optimizer] if optimizer else None)
 
 
 def learning_rate_schedule(optimizer):

@@ -38,7 +38,8 @@ def last_json_line(text):
 
 
 def worker_env(**extra):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    # TF_GRPC_REUSE_PORT: TensorFlow's gRPC server binds with SO_REUSEPORT (see reserve_loopback_ports).
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", TF_GRPC_REUSE_PORT="1")
     env.pop("TF_CONFIG", None)
     env.update(extra)
     return env
@@ -61,10 +62,44 @@ def test_mirrored_two_replicas_train_like_one_device(tmp_path, spm500):
     assert result["max_weight_diff"] < 1e-3
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserve_loopback_ports(count):
+    """`count` free loopback ports, kept bound (not listening) by sockets that the caller closes once
+    the workers are done.
+
+    Picking a free port and releasing it before a worker binds it is a race: anything may take the
+    port in between. Here the port stays bound all along, with SO_REUSEPORT, which a worker can
+    share only if its gRPC server sets SO_REUSEPORT too: TensorFlow does when `TF_GRPC_REUSE_PORT=1`
+    (see `worker_env`); nothing else can bind the port. A bound socket that does not listen never
+    receives connections, so every connection goes to the worker.
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(("127.0.0.1", 0))
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    return sockets
+
+
+def test_reserved_ports_stay_reserved():
+    """Nothing that binds without SO_REUSEPORT can take a reserved port; a port cannot be reserved twice."""
+    sockets = reserve_loopback_ports(2)
+    try:
+        ports = [s.getsockname()[1] for s in sockets]
+        assert len(set(ports)) == 2 and all(s.getsockname()[0] == "127.0.0.1" for s in sockets)
+        for port in ports:
+            for address in ("127.0.0.1", "0.0.0.0"):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+                    with pytest.raises(OSError):
+                        other.bind((address, port))
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def read_weights(path):
@@ -75,7 +110,8 @@ def read_weights(path):
 
 
 def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
-    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    reserved = reserve_loopback_ports(2)  # bound until the workers are done
+    cluster = {"worker": [f"127.0.0.1:{s.getsockname()[1]}" for s in reserved]}
     run_dir = tmp_path / "run"
     processes = []
     try:
@@ -91,6 +127,8 @@ def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
             if process.poll() is None:
                 process.kill()
                 process.communicate()
+        for s in reserved:
+            s.close()
     for process, (out, err) in zip(processes, outputs):
         assert process.returncode == 0, out[-3000:] + err[-3000:]
     results = [last_json_line(out) for out, _ in outputs]

@@ -1,0 +1,177 @@
+"""`keras_transformer.compat`: each private Keras / TensorFlow / tensorflow-text API it wraps still works.
+
+One test per function, on the installed versions: an upgrade that moves or
+changes one of those private names fails here, by name.
+"""
+
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import compat
+
+
+def test_graph_is_compiled_by_xla():
+    seen = {}
+
+    def probe(name):
+        seen[name] = compat.graph_is_compiled_by_xla()
+        return tf.constant(1.0)
+
+    @tf.function
+    def plain():
+        return probe("plain")
+
+    @tf.function(jit_compile=True)
+    def xla():
+        return probe("xla")
+
+    @tf.function
+    def inner():
+        return probe("nested")
+
+    @tf.function(jit_compile=True)
+    def outer():
+        return inner()  # a plain function called from an XLA cluster is compiled with it
+
+    for function in (plain, xla, outer):
+        assert float(function()) == 1.0
+    assert seen == {"plain": False, "xla": True, "nested": True}
+    assert compat.graph_is_compiled_by_xla() is False  # eager
+
+
+def tiny_model():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+
+def h5_datasets(path):
+    names = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    return names
+
+
+def test_save_weights_without_optimizer(tmp_path):
+    model = tiny_model()
+    x, y = np.random.RandomState(0).normal(size=(8, 3)), np.zeros((8, 2))
+    model.fit(x, y, epochs=1, verbose=0)  # the optimizer has its moments now
+    assert len(model.optimizer.variables) > 2
+
+    ours, keras_own = tmp_path / "ours.weights.h5", tmp_path / "all.weights.h5"
+    compat.save_weights_without_optimizer(model, ours)
+    model.save_weights(keras_own)
+    ours_names, all_names = h5_datasets(ours), h5_datasets(keras_own)
+    assert not any(name.startswith("optimizer") for name in ours_names), ours_names
+    assert any(name.startswith("optimizer") for name in all_names), all_names  # what it leaves out
+    assert set(ours_names) < set(all_names) and len(ours_names) == len(model.weights) == 4
+    assert ours.stat().st_size < keras_own.stat().st_size
+
+    fresh = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    fresh.load_weights(ours)
+    for loaded, saved in zip(fresh.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(loaded, saved)
+
+
+def test_learning_rate_schedule():
+    from keras_transformer.optimization import TransformerSchedule, create_optimizer
+
+    schedule = TransformerSchedule(d_model=64, warmup_steps=10)
+    assert compat.learning_rate_schedule(keras.optimizers.Adam(learning_rate=schedule)) is schedule
+    optimizer = create_optimizer(d_model=64, warmup_steps=10)
+    found = compat.learning_rate_schedule(optimizer)
+    assert isinstance(found, TransformerSchedule) and found.warmup_steps == 10
+    # A constant rate: the variable, not a schedule.
+    constant = compat.learning_rate_schedule(keras.optimizers.Adam(learning_rate=0.25))
+    assert not isinstance(constant, keras.optimizers.schedules.LearningRateSchedule)
+    assert float(np.asarray(constant)) == 0.25
+
+
+def test_build_model_from_spec():
+    model = keras.Sequential([keras.layers.Dense(4), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+    x, y = np.ones((6, 3), "float32"), np.zeros((6, 2), "float32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(3)
+    assert not model.built and not model.optimizer.built and not model._compile_loss.built
+
+    compat.build_model_from_spec(model, dataset.element_spec)
+    assert model.built and [tuple(w.shape) for w in model.weights] == [(3, 4), (4,), (4, 2), (2,)]
+    assert model.optimizer.built and model._compile_loss.built and model._compile_metrics.built
+
+    # Keras no longer builds from a batch: its build hook is a no-op, called as Keras calls it.
+    def fail(*args, **kwargs):
+        raise AssertionError("Keras built the model again")
+
+    model._symbolic_build = fail
+    assert model._maybe_symbolic_build(iterator=None) is None
+    assert model._maybe_symbolic_build(data_batch=(x, y, None)) is None
+    # And fit/evaluate still run (under a strategy, where Keras would call the hook).
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        model_under_strategy = keras.Sequential([keras.layers.Dense(2)])
+        model_under_strategy.compile(optimizer="adam", loss="mse")
+        compat.build_model_from_spec(model_under_strategy, dataset.element_spec)
+    assert model_under_strategy._distribute_strategy is not None  # so Keras calls the hook in fit
+    model_under_strategy._symbolic_build = fail
+    history = model_under_strategy.fit(dataset, epochs=1, verbose=0, shuffle=False)
+    assert np.isfinite(history.history["loss"][0])
+    assert np.isfinite(model_under_strategy.evaluate(dataset, verbose=0))
+
+
+@pytest.fixture(scope="module")
+def spm_proto(tmp_path_factory):
+    """A 400-piece SentencePiece model of 300 Multi30k sentence pairs (a fraction of a second)."""
+    from keras_transformer.data.corpora import read_lines
+    from keras_transformer.data.tokenizer import train_tokenizer
+
+    prefix = tmp_path_factory.mktemp("spm") / "spm"
+    texts = read_lines("train", "en")[:300] + read_lines("train", "de")[:300]
+    return train_tokenizer(texts, prefix, vocab_size=400).model_proto
+
+
+def test_shared_sentencepiece_resource_survives_set_random_seed(spm_proto):
+    import tensorflow_text as tf_text
+
+    from keras_transformer.data.tokenizer import Tokenizer
+
+    sentences = ["A dog runs in the park.", "Zwei Männer unterhalten sich."]
+    tokenizer = Tokenizer(spm_proto)
+    direct = tf_text.SentencepieceTokenizer(model=spm_proto, out_type=tf.int32)
+    resource = compat.shared_sentencepiece_resource(spm_proto, "keras_transformer_test_compat")
+    compat.attach_sentencepiece_resource(direct, resource)
+    expected = tokenizer.tokenize(sentences).to_list()
+    assert direct.tokenize(sentences).to_list() == expected and all(expected)
+
+    # Both clear the eager kernel cache, which deletes a resource without a shared name (tensorflow/text#570).
+    keras.utils.set_random_seed(5)
+    tf.random.set_seed(6)
+    assert tokenizer.tokenize(sentences).to_list() == expected
+    assert direct.tokenize(sentences).to_list() == expected
+    assert [t.decode() for t in direct.detokenize(tf.ragged.constant(expected)).numpy()] == sentences
+
+    @tf.function
+    def in_graph(strings):
+        return direct.tokenize(strings).to_tensor()
+
+    assert in_graph(tf.constant(sentences)).numpy()[0, : len(expected[0])].tolist() == expected[0]
+
+
+def test_serialized_saved_model(tmp_path):
+    class Square(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def __call__(self, x):
+            return tf.math.square(x) + 1.0
+
+    export_dir = str(tmp_path / "square")
+    tf.saved_model.save(Square(), export_dir)
+    proto = compat.serialized_saved_model(export_dir)
+    assert proto.meta_graphs
+    ops = set()
+    for meta_graph in proto.meta_graphs:
+        ops.update(node.op for node in meta_graph.graph_def.node)
+        for function in meta_graph.graph_def.library.function:
+            ops.update(node.op for node in function.node_def)
+    assert {"Square", "AddV2"} <= ops
+    assert "serving_default" in proto.meta_graphs[0].signature_def

@@ -1,0 +1,402 @@
+"""The package's layout: the paper's model stands alone, the pipeline sits beside it.
+
+- Importing the model (and building one) loads nothing of the pipeline
+  (`data`, `training`, `inference`, `cli`, `run_dir`, the deprecated paths)
+  and none of its libraries (tensorflow-text, SentencePiece, TFDS, sacreBLEU).
+- `keras-transformer --help` and every `keras-transformer COMMAND --help`
+  answer without those libraries.
+- The old module paths still work for one release: they warn, naming the
+  new path, and give the very same objects.
+- The modules import each other without cycles and stay under 500 lines.
+- Each special id and decoding default is defined in exactly one module.
+
+Import checks run in fresh interpreters (`sys.modules` of this one holds
+whatever the other tests loaded), compared with one that imports only Keras.
+"""
+
+import ast
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import keras_transformer
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE_DIR = pathlib.Path(keras_transformer.__file__).resolve().parent
+PACKAGE = "keras_transformer"
+TIMEOUT = 240
+MAX_MODULE_LINES = 500
+
+# Old module path -> new module path (the old ones are deprecation shims).
+MOVED_MODULES = {
+    "keras_transformer.tokenizer": "keras_transformer.data.tokenizer",
+    "keras_transformer.datasets": "keras_transformer.data.corpora",
+    "keras_transformer.distribute": "keras_transformer.training.strategy",
+    "keras_transformer.translator": "keras_transformer.inference.translator",
+    "keras_transformer.export": "keras_transformer.inference.saved_model",
+    "keras_transformer.export_ctranslate2": "keras_transformer.inference.ctranslate2",
+    "keras_transformer.attention_maps": "keras_transformer.inference.attention_maps",
+    "keras_transformer.evaluation": "keras_transformer.inference.evaluation",
+}
+
+# Names that moved from `keras_transformer.training` to the command line package.
+MOVED_TRAINING_NAMES = ("add_training_arguments", "args_from_namespace")
+
+PIPELINE_PACKAGES = ("keras_transformer.data", "keras_transformer.training", "keras_transformer.inference",
+                     "keras_transformer.cli")
+PIPELINE_MODULES = ("keras_transformer.run_dir", *MOVED_MODULES)
+PIPELINE_LIBRARIES = ("tensorflow_text", "sentencepiece", "tensorflow_datasets", "sacrebleu")
+CLI_FORBIDDEN_LIBRARIES = (*PIPELINE_LIBRARIES, "ctranslate2", "sacremoses")
+
+COMMANDS = ("train", "average-checkpoints", "translate", "evaluate", "attention", "export")
+
+MARKER = "@@MODULES@@"
+
+
+def loaded_modules(code):
+    """Runs `code` in a fresh interpreter; returns the JSON it prints after MARKER."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=str(ROOT), timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for line in done.stdout.splitlines():
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER):])
+    raise AssertionError(f"no module list in the output:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def print_modules(extra="None"):
+    return f"import json, sys; print({MARKER!r} + json.dumps({{'modules': sorted(sys.modules), 'extra': {extra}}}))"
+
+
+def matching(modules, names):
+    """The modules that are one of `names` or inside one of them."""
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+@pytest.fixture(scope="module")
+def keras_modules():
+    """What `import keras` alone loads (Keras itself imports matplotlib.pyplot, for one)."""
+    return set(loaded_modules("import keras\n" + print_modules())["modules"])
+
+
+def test_the_model_loads_nothing_of_the_pipeline(keras_modules):
+    result = loaded_modules(
+        "import numpy as np\n"
+        "import keras_transformer\n"
+        "from keras_transformer import layers, Transformer, TransformerConfig\n"
+        "import keras_transformer.decoding\n"
+        "model = Transformer(TransformerConfig.tiny(100, max_length=16))\n"
+        "out = model((np.ones((1, 5), 'int32'), np.ones((1, 4), 'int32')))\n"
+        + print_modules("list(out.shape)")
+    )
+    modules = set(result["modules"])
+    assert result["extra"] == [1, 4, 100]  # the model was built and run
+    assert "keras_transformer.model" in modules and "keras_transformer.decoding.search" in modules
+    assert matching(modules, PIPELINE_PACKAGES + PIPELINE_MODULES) == []
+    assert matching(modules, PIPELINE_LIBRARIES) == []
+    assert matching(modules, ["matplotlib"]) == matching(keras_modules, ["matplotlib"])
+    # More generally: no top-level package that Keras alone does not load, but ours.
+    top_level = {m.split(".")[0] for m in modules} - {m.split(".")[0] for m in keras_modules}
+    assert top_level == {PACKAGE}
+
+
+def test_cli_help_loads_no_heavy_library(keras_modules):
+    result = loaded_modules(
+        "from keras_transformer import cli\n"
+        "try:\n"
+        "    cli.main(['--help'])\n"
+        "    code = 'returned'\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        + print_modules("code")
+    )
+    assert result["extra"] in (0, None)
+    modules = set(result["modules"])
+    assert matching(modules, CLI_FORBIDDEN_LIBRARIES) == []
+    # matplotlib only as far as Keras itself loads it (none at all if Keras is not loaded).
+    assert set(matching(modules, ["matplotlib"])) <= set(matching(keras_modules, ["matplotlib"]))
+    assert matching(modules, MOVED_MODULES) == []
+
+
+def test_every_command_help_exits_0():
+    """`keras-transformer COMMAND --help`, as the console script runs it (one process per command)."""
+    script = pathlib.Path(sys.executable).with_name("keras-transformer")
+    if script.exists():
+        prefix = [str(script)]
+    else:  # not installed as a console script: the same entry point
+        prefix = [sys.executable, "-c", "import sys; from keras_transformer.cli import main; sys.exit(main())"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(prefix + ["--help"], capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for command in COMMANDS:
+        assert command in done.stdout
+    # The commands' own --help, in one interpreter through the same `main`.
+    result = loaded_modules(
+        "import contextlib, io\n"
+        "from keras_transformer import cli\n"
+        "codes = {}\n"
+        f"for command in {list(COMMANDS)!r}:\n"
+        "    out = io.StringIO()\n"
+        "    try:\n"
+        "        with contextlib.redirect_stdout(out):\n"
+        "            cli.main([command, '--help'])\n"
+        "        codes[command] = ['returned', out.getvalue()]\n"
+        "    except SystemExit as e:\n"
+        "        codes[command] = [e.code, out.getvalue()]\n"
+        + print_modules("codes")
+    )
+    for command in COMMANDS:
+        code, text = result["extra"][command]
+        assert code in (0, None), (command, code, text)
+        assert text.startswith(f"usage: keras-transformer {command}"), (command, text[:200])
+    assert matching(result["modules"], CLI_FORBIDDEN_LIBRARIES) == []
+
+
+def public_names(module):
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n in vars(module) if not n.startswith("_")]
+    return names
+
+
+@pytest.mark.parametrize("old, new", sorted(MOVED_MODULES.items()))
+def test_old_module_path_warns_and_gives_the_same_objects(old, new):
+    new_module = importlib.import_module(new)
+    saved_module = sys.modules.pop(old, None)
+    parent, _, attribute = old.rpartition(".")
+    parent_module = sys.modules[parent]
+    saved_attribute = vars(parent_module).get(attribute)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            old_module = importlib.import_module(old)
+    finally:
+        if saved_module is not None:
+            sys.modules[old] = saved_module
+        else:
+            sys.modules.pop(old, None)
+        if saved_attribute is not None:
+            setattr(parent_module, attribute, saved_attribute)
+        elif hasattr(parent_module, attribute):
+            delattr(parent_module, attribute)
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning) and old in str(w.message)]
+    assert len(deprecations) == 1, [str(w.message) for w in caught]
+    assert new in str(deprecations[0].message)
+    names = public_names(new_module)
+    assert names, new
+    for name in names:
+        assert getattr(old_module, name) is getattr(new_module, name), f"{old}.{name} is not {new}.{name}"
+
+
+def test_old_module_paths_fail_under_error_deprecation_warnings():
+    """In a fresh interpreter, with DeprecationWarning an error, the first import of each old path raises
+    it. (The new modules are imported first, with the default filters: TensorFlow's own warnings do not count.)"""
+    code = (
+        "import importlib, json, warnings\n"
+        f"for new in {sorted(MOVED_MODULES.values())!r}:\n"
+        "    importlib.import_module(new)\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "results = {}\n"
+        f"for old in {sorted(MOVED_MODULES)!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(old)\n"
+        "        results[old] = 'imported'\n"
+        "    except DeprecationWarning as e:\n"
+        "        results[old] = str(e)\n"
+        f"print({MARKER!r} + json.dumps(results))\n"
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
+                          timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith(MARKER))
+    results = json.loads(line[len(MARKER):])
+    for old, new in MOVED_MODULES.items():
+        assert old in results[old] and new in results[old], (old, results[old])
+
+
+@pytest.mark.parametrize("name", MOVED_TRAINING_NAMES)
+def test_moved_training_names_warn_and_give_the_cli_objects(name):
+    from keras_transformer import training
+    from keras_transformer.cli import train as train_cli
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(training, name)
+    assert value is getattr(train_cli, name)
+    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(messages) == 1 and f"keras_transformer.cli.train.{name}" in messages[0], messages
+    with pytest.warns(DeprecationWarning, match=f"keras_transformer.cli.train.{name}"):
+        getattr(training, name)
+
+
+# The module graph, from the sources.
+
+def module_files():
+    """{module name: path} of every module of the package."""
+    modules = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def top_level_imports(tree):
+    """Import statements run when the module is imported: not those inside functions or classes."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        else:  # if / try / with blocks at module level
+            pending.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+
+
+def import_graph():
+    """{module: set of the package's modules it imports at module level}."""
+    modules = module_files()
+    graph = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges = set()
+        for node in top_level_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                if node.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module
+                # `from pkg import name`: the module pkg.name if there is one, else pkg.
+                targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
+                           for alias in node.names]
+            edges.update(t for t in targets if t in modules and t != name)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph):
+    """One import cycle as a list of modules (first == last), or None."""
+    state = {}  # 1: on the current path, 2: done
+    path = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_import_graph_sees_the_package():
+    graph = import_graph()
+    assert "keras_transformer.special_ids" in graph["keras_transformer.data.tokenizer"]
+    assert "keras_transformer.layers" in graph["keras_transformer"]  # `from keras_transformer import layers`
+    assert "keras_transformer.config" in graph["keras_transformer"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"b"}}) is None
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_model_imports_nothing_of_the_pipeline_in_its_sources():
+    """Statically as well: no module of the paper's model imports a pipeline module, even lazily (inside a
+    function). (`compat` may import tensorflow-text in its functions: the tokenizer calls them.)"""
+    model_modules = [name for name in module_files()
+                     if not name.startswith(PIPELINE_PACKAGES) and name not in PIPELINE_MODULES]
+    offenders = []
+    for name in model_modules:
+        tree = ast.parse(module_files()[name].read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            bad = matching(imported, PIPELINE_PACKAGES + PIPELINE_MODULES)
+            if bad:
+                offenders.append((name, node.lineno, bad))
+    assert "keras_transformer.model" in model_modules and "keras_transformer.compat" in model_modules
+    assert offenders == []
+
+
+def test_modules_have_at_most_500_lines():
+    lengths = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in module_files().items()}
+    assert len(lengths) > 30
+    assert {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES} == {}
+
+
+SINGLE_DEFINITIONS = {
+    "PAD_ID": "keras_transformer.special_ids",
+    "BOS_ID": "keras_transformer.special_ids",
+    "EOS_ID": "keras_transformer.special_ids",
+    "UNK_ID": "keras_transformer.special_ids",
+    "DEFAULT_BEAM_SIZE": "keras_transformer.decoding.defaults",
+    "DEFAULT_ALPHA": "keras_transformer.decoding.defaults",
+    "EXTRA_OUTPUT_LENGTH": "keras_transformer.decoding.defaults",
+}
+
+
+def assigned_names(tree):
+    """Every name bound by an assignment anywhere in the module (attributes by their last name)."""
+    def names(target):
+        if isinstance(target, ast.Name):
+            yield target.id
+        elif isinstance(target, ast.Attribute):
+            yield target.attr
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                yield from names(element)
+        elif isinstance(target, ast.Starred):
+            yield from names(target.value)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                yield from names(target)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)):
+            yield from names(node.target)
+
+
+def test_special_ids_and_decoding_defaults_are_defined_once():
+    sources = dict(module_files())
+    for directory in ("benchmarks", "examples"):  # they take the defaults from the package too
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            sources[str(path.relative_to(ROOT))] = path
+    definitions = {name: [] for name in SINGLE_DEFINITIONS}
+    for module, path in sources.items():
+        for name in assigned_names(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if name in definitions:
+                definitions[name].append(module)
+    assert definitions == {name: [module] for name, module in SINGLE_DEFINITIONS.items()}
