@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "keras_transformer.cli.average",
     "keras_transformer.cli.translate",
     "keras_transformer.cli.evaluate",
+    "keras_transformer.cli.score",
     "keras_transformer.cli.attention",
     "keras_transformer.cli.export",
 )

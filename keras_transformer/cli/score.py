@@ -1,0 +1,37 @@
+"""`keras-transformer score`: log P(target | source) of each sentence pair (forced decoding)."""
+
+import sys
+
+
+def register(subparsers):
+    parser = subparsers.add_parser(
+        "score", help="score sentence pairs: the model's log-probability of each target given its source",
+        description="Prints one score per line: log P(target | source), summed over the target's tokens and "
+                    "its end token (--normalize: divided by their number). Needs a training run directory.",
+    )
+    parser.add_argument("--model", required=True, help="training run directory")
+    parser.add_argument("--src", required=True, help="source sentences, one per line")
+    parser.add_argument("--tgt", required=True, help="target sentences, one per line, aligned with --src")
+    parser.add_argument("--normalize", action="store_true", help="divide each score by its number of tokens")
+    parser.add_argument("--checkpoint", default=None, help="a checkpoint path (or 'latest') instead of model.keras")
+    parser.add_argument("--batch-size", type=int, default=64, help="pairs per call (default 64)")
+    parser.set_defaults(func=run)
+
+
+def run(args):
+    from keras_transformer.inference.scoring import score_pairs
+    from keras_transformer.inference.translator import Translator, is_saved_model
+
+    if is_saved_model(args.model):
+        raise SystemExit(f"score: {args.model} is an exported SavedModel, which translates but does not score; "
+                         "give the training run directory.")
+    with open(args.src, encoding="utf-8", errors="replace") as f:
+        sources = [line.rstrip("\n") for line in f]
+    with open(args.tgt, encoding="utf-8", errors="replace") as f:
+        targets = [line.rstrip("\n") for line in f]
+    if len(sources) != len(targets):
+        raise SystemExit(f"score: {args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}.")
+    translator = Translator.from_run_dir(args.model, checkpoint=args.checkpoint)
+    for score in score_pairs(translator, sources, targets, batch_size=args.batch_size, normalize=args.normalize):
+        sys.stdout.write(f"{score:.6f}\n")
+    return 0
