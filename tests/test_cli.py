@@ -1,8 +1,19 @@
-"""The translate, evaluate and attention commands on a run directory."""
+"""The translate, evaluate and attention commands on a run directory (translate on a SavedModel too).
+
+`translate` is also run as a real process, with pipes and with terminals, to check that its
+stdout holds the translations and nothing else (the progress bar goes to stderr).
+"""
 
 import io
 import json
+import os
+import pty
+import select
+import shutil
+import subprocess
 import sys
+import termios
+import time
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -11,6 +22,12 @@ import pytest
 from keras_transformer import cli
 from keras_transformer.data.corpora import newstest2014_path, read_newstest2014
 from keras_transformer.inference.evaluation import corpus_scores
+from keras_transformer.inference.translator import Translator
+
+CLI = [sys.executable, "-m", "keras_transformer.cli"]
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+# An empty line among them: it gets an empty line out.
+SENTENCES = ["A dog runs on the beach.", "", "Two men are talking.", "Ein Mädchen läuft über die Straße."]
 
 
 def run_cli(argv, capsys, stdin=None, monkeypatch=None):
@@ -21,14 +38,16 @@ def run_cli(argv, capsys, stdin=None, monkeypatch=None):
 
 
 def test_translate_arguments_and_stdin(tiny_run_dir, capsys, monkeypatch):
+    expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(["A dog runs.", "Two men talk."])
     out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3",
                    "A dog runs.", "Two men talk."], capsys)
-    assert len(out.out.splitlines()) == 2
+    assert out.out == expected[0] + "\n" + expected[1] + "\n"
+    assert out.err == ""  # sentences as arguments: no progress bar
     # One output line per input line; an empty input line gives an empty output line.
     out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet"],
                   capsys, stdin="A dog runs.\n\nTwo men talk.\n", monkeypatch=monkeypatch)
-    lines = out.out.split("\n")
-    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    assert out.out == expected[0] + "\n\n" + expected[1] + "\n"
+    assert out.err == ""  # --quiet
 
 
 def test_translate_precision_and_early_stopping_options(tiny_run_dir, capsys):
@@ -42,12 +61,14 @@ def test_translate_precision_and_early_stopping_options(tiny_run_dir, capsys):
         np.testing.assert_array_equal(ours, theirs)  # same float32 weights, other compute dtype
     sentences = ["A dog runs.", "Two men talk."]
     outputs = {}
-    for options in ([], ["--precision", "float32"], ["--precision", "mixed_bfloat16"],
-                    ["--early-stopping", "k_finished"]):
+    for options, translator_options in (([], {}), (["--precision", "float32"], dict(dtype="float32")),
+                                        (["--precision", "mixed_bfloat16"], dict(dtype="mixed_bfloat16")),
+                                        (["--early-stopping", "k_finished"], dict(early_stopping="k_finished"))):
         out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", *options, *sentences],
                       capsys)
         outputs[tuple(options)] = out.out.splitlines()
-        assert len(outputs[tuple(options)]) == 2
+        expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3, **translator_options).translate(sentences)
+        assert out.out == "\n".join(expected) + "\n", options
     assert outputs[("--precision", "float32")] == outputs[()]  # the tiny run was saved in float32
 
 
@@ -57,13 +78,17 @@ def test_missing_model_is_a_clear_error(tmp_path):
 
 
 def test_evaluate_prints_json_with_signatures(tiny_run_dir, capsys, tmp_path):
-    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
-    src.write_text("A dog runs.\nTwo men talk.\n", encoding="utf-8")
-    ref.write_text("Ein Hund rennt.\nZwei Männer reden.\n", encoding="utf-8")
+    sources, references = ["A dog runs.", "Two men talk."], ["Ein Hund rennt.", "Zwei Männer reden."]
+    src, ref, output = tmp_path / "src.en", tmp_path / "ref.de", tmp_path / "hyp.de"
+    src.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(references) + "\n", encoding="utf-8")
     out = run_cli(["evaluate", "--model", tiny_run_dir, "--src", str(src), "--ref", str(ref),
-                   "--max-extra-length", "3"], capsys)
+                   "--max-extra-length", "3", "--output", str(output), "--tgt-lang", "de"], capsys)
+    expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(sources)
+    assert output.read_text(encoding="utf-8") == "\n".join(expected) + "\n"
     result = json.loads(out.out)
-    assert result["sentences"] == 2
+    scores = json.loads(json.dumps(corpus_scores(expected, references, lang="de")))
+    assert result == {**scores, "model": tiny_run_dir, "sentences": 2}
     assert 0 <= result["bleu"] <= 100 and 0 <= result["chrf"] <= 100
     assert result["bleu_signature"].startswith("nrefs:1") and "chrf_signature" in result
 
@@ -110,3 +135,152 @@ def test_attention_command_draws_the_sentence_tokens(tiny_run_dir, capsys, tmp_p
 def test_attention_refuses_a_bad_layer(tiny_run_dir):
     with pytest.raises(SystemExit, match="out of range"):
         cli.main(["attention", "--model", tiny_run_dir, "--layer", "7", "x"])
+
+
+def test_attention_default_output_is_the_last_layer_in_the_run_dir(tiny_run_dir, capsys, tmp_path, monkeypatch):
+    """--layer -1 without --output: RUN_DIR/attention_layerN.png, N the number of layers, of the last layer."""
+    from keras_transformer.inference import attention_maps
+
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(tiny_run_dir, run_dir)
+    plotted = []
+    plot = attention_maps.plot_attention
+
+    def recording_plot(weights, output, **kwargs):
+        plotted.append((weights, output, kwargs))
+        return plot(weights, output, **kwargs)
+
+    monkeypatch.setattr(attention_maps, "plot_attention", recording_plot)
+    sentence = "A dog runs on the beach."
+    out = run_cli(["attention", "--model", run_dir, "--layer", "-1", "--beam", "1", sentence], capsys)
+    translator = Translator.from_run_dir(run_dir, beam_size=1)
+    num_layers = translator.model.config.num_layers
+    assert num_layers == 2
+    path = os.path.join(run_dir, f"attention_layer{num_layers}.png")
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert sorted(os.listdir(run_dir)) == sorted(os.listdir(tiny_run_dir) + [f"attention_layer{num_layers}.png"])
+    (weights, output, kwargs), = plotted
+    assert output == path and kwargs == {"layer_label": f"layer {num_layers} of {num_layers}"}
+    last = attention_maps.attention_weights(translator, sentence, layer=num_layers - 1)
+    first = attention_maps.attention_weights(translator, sentence, layer=0)
+    for name in ("encoder", "decoder", "cross"):
+        np.testing.assert_allclose(weights[name], last[name], rtol=1e-5, atol=1e-6)
+        assert not np.allclose(weights[name], first[name], atol=1e-4)
+    assert out.out == f"translation: {last['translation']}\nwrote {path}\n"
+
+
+# translate: stdout holds the translations and nothing else, byte for byte.
+
+
+@pytest.fixture(scope="module")
+def expected_translations(tiny_run_dir):
+    translations = Translator.from_run_dir(tiny_run_dir).translate(SENTENCES)
+    assert translations[1] == "" and all(translations[i] for i in (0, 2, 3))
+    assert not any("\n" in t for t in translations)
+    return translations
+
+
+def _stdout_bytes(translations):
+    return ("\n".join(translations) + "\n").encode("utf-8")
+
+
+def _assert_progress_bar(stderr, n):
+    assert f"{n}/{n}".encode() in stderr and b"/sentence" in stderr, stderr[-2000:]
+
+
+def test_translate_stdout_is_only_translations_through_pipes(tiny_run_dir, expected_translations):
+    proc = subprocess.run(CLI + ["translate", "--model", tiny_run_dir],
+                          input=("\n".join(SENTENCES) + "\n").encode("utf-8"),
+                          capture_output=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    assert proc.stdout == _stdout_bytes(expected_translations)
+    _assert_progress_bar(proc.stderr, len(SENTENCES))
+
+
+def _raw_pty():
+    """A pseudo-terminal whose output is passed through as written (no "\\n" -> "\\r\\n")."""
+    master, slave = pty.openpty()
+    attributes = termios.tcgetattr(slave)
+    attributes[1] &= ~termios.OPOST
+    termios.tcsetattr(slave, termios.TCSANOW, attributes)
+    return master, slave
+
+
+def _read_until_closed(proc, fds, timeout):
+    """Everything written to the ptys `fds` until the child closes them."""
+    data = {fd: b"" for fd in fds}
+    open_fds = set(fds)
+    deadline = time.monotonic() + timeout
+    while open_fds:
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no end after {timeout} s: {data}")
+        ready, _, _ = select.select(sorted(open_fds), [], [], 1.0)
+        for fd in ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: every slave side is closed
+                chunk = b""
+            if chunk:
+                data[fd] += chunk
+            else:
+                open_fds.discard(fd)
+    return data
+
+
+def test_translate_stdout_is_only_translations_on_a_terminal(tiny_run_dir, expected_translations):
+    """stdout and stderr on two terminals (Keras' progress bar writes to stdout's tty otherwise)."""
+    out_master, out_slave = _raw_pty()
+    err_master, err_slave = _raw_pty()
+    try:
+        proc = subprocess.Popen(CLI + ["translate", "--model", tiny_run_dir], stdin=subprocess.PIPE,
+                                stdout=out_slave, stderr=err_slave, env=ENV)
+        os.close(out_slave)
+        os.close(err_slave)
+        proc.stdin.write(("\n".join(SENTENCES) + "\n").encode("utf-8"))
+        proc.stdin.close()
+        data = _read_until_closed(proc, [out_master, err_master], timeout=300)
+        assert proc.wait(timeout=60) == 0, data[err_master].decode(errors="replace")[-4000:]
+    finally:
+        os.close(out_master)
+        os.close(err_master)
+    assert data[out_master] == _stdout_bytes(expected_translations)
+    _assert_progress_bar(data[err_master], len(SENTENCES))
+
+
+def test_translate_input_file(tiny_run_dir, expected_translations, capsys, tmp_path):
+    path = tmp_path / "input.en"
+    path.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    out = run_cli(["translate", "--model", tiny_run_dir, "--input", str(path)], capsys)
+    assert out.out.encode("utf-8") == _stdout_bytes(expected_translations)
+    _assert_progress_bar(out.err.encode("utf-8"), len(SENTENCES))
+
+
+# translate --model SAVED_MODEL: the base directory serves its highest version.
+
+
+@pytest.fixture(scope="module")
+def saved_model_versions(tiny_run_dir, tmp_path_factory):
+    """Versions 2 and 10 of one export base, with other decoding options (10 > 2, though "10" < "2")."""
+    from keras_transformer.inference.saved_model import export_saved_model
+
+    base = str(tmp_path_factory.mktemp("saved_models") / "tiny")
+    options = {2: dict(beam_size=1, max_extra_length=2), 10: dict(beam_size=2, max_extra_length=6)}
+    paths = {v: export_saved_model(tiny_run_dir, base, version=v, **o) for v, o in options.items()}
+    sentences = [s for s in SENTENCES if s]
+    expected = {v: Translator.from_run_dir(tiny_run_dir, **o).translate(sentences) for v, o in options.items()}
+    assert expected[2] != expected[10]  # the outputs tell the versions apart
+    return base, paths, sentences, expected
+
+
+def test_translate_saved_model_base_directory_uses_the_highest_version(saved_model_versions, capsys):
+    base, _, sentences, expected = saved_model_versions
+    out = run_cli(["translate", "--model", base, *sentences], capsys)
+    assert out.out == "\n".join(expected[10]) + "\n"
+
+
+def test_translate_saved_model_version_directory(saved_model_versions, capsys):
+    _, paths, sentences, expected = saved_model_versions
+    out = run_cli(["translate", "--model", paths[2], *sentences], capsys)
+    assert out.out == "\n".join(expected[2]) + "\n"

@@ -13,9 +13,11 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -30,6 +32,7 @@ from keras_transformer.inference.saved_model import (
     saved_model_ops,
 )
 from keras_transformer.inference.translator import Translator
+from keras_transformer.run_dir import build_model, checkpoint_path, load_run, model_config_of_run, save_model_weights
 
 from conftest import TINY_RUN_MAX_LENGTH as MAX_LENGTH  # longer sources are truncated to this many tokens
 from conftest import TINY_RUN_VOCAB as VOCAB
@@ -143,14 +146,12 @@ def exported(run_dir, tmp_path_factory):
     return export_saved_model(run_dir, str(base), max_extra_length=EXTRA)
 
 
-@pytest.fixture(scope="module")
-def served(exported, tmp_path_factory):
-    """What a fresh tensorflow + tensorflow_text process answers for every case."""
-    cases_path = tmp_path_factory.mktemp("cases") / "cases.json"
+def _serve_in_fresh_process(export_dir, cases, cases_path):
+    """What a fresh tensorflow + tensorflow_text process answers for each case of `cases` (name -> bytes)."""
     cases_path.write_text(json.dumps(
-        {name: [base64.b64encode(s).decode() for s in items] for name, items in _cases().items()}))
+        {name: [base64.b64encode(s).decode() for s in items] for name, items in cases.items()}))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", _SERVE_SCRIPT, exported, str(cases_path)],
+    proc = subprocess.run([sys.executable, "-c", _SERVE_SCRIPT, export_dir, str(cases_path)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -158,6 +159,12 @@ def served(exported, tmp_path_factory):
         for result in results.values():
             result["translations"] = [base64.b64decode(t) for t in result["translations"]]
     return out
+
+
+@pytest.fixture(scope="module")
+def served(exported, tmp_path_factory):
+    """What a fresh tensorflow + tensorflow_text process answers for every case."""
+    return _serve_in_fresh_process(exported, _cases(), tmp_path_factory.mktemp("cases") / "cases.json")
 
 
 def _in_process(translator, items):
@@ -176,6 +183,16 @@ def _assert_same(translator, served, name):
     return result
 
 
+def _read_export_info(export_dir):
+    with open(os.path.join(export_dir, "assets", "export.json")) as f:
+        return json.load(f)
+
+
+def _check_score_definition(text):
+    """export.json says what a score is: log P / GNMT's length penalty, |Y| with the end token."""
+    assert "log P(Y|X) / ((5 + |Y|) / 6) ** alpha" in text and "end token" in text
+
+
 def test_layout_and_asset(exported, run_dir, served):
     assert exported.endswith(os.sep + "1")
     assert sorted(os.listdir(exported)) == ["assets", "fingerprint.pb", "saved_model.pb", "variables"]
@@ -186,8 +203,10 @@ def test_layout_and_asset(exported, run_dir, served):
         assert f.read() == spm_bytes
     with open(os.path.join(exported, "assets", "export.json")) as f:
         info = json.load(f)
+    _check_score_definition(info["decoding"].pop("score"))
     assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_extra_length": EXTRA,
-                                "max_input_length": MAX_LENGTH}
+                                "max_input_length": MAX_LENGTH, "early_stopping": "exact"}
+    assert info["precision"] == "float32"
     # The loaded SavedModel's Asset points at its own assets/ copy.
     import hashlib
 
@@ -319,6 +338,69 @@ def test_cli_export(run_dir, tmp_path):
         cli.main(["export", str(tmp_path / "missing"), "--output", base])
     assert list_versions(base) == [5]
 
+
+
+def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
+    """early_stopping, beam, alpha, max input length, checkpoint and precision: in export.json and in the
+    answers of the SavedModel, which are those of an in-process Translator with the same options."""
+    run = str(tmp_path / "run")
+    shutil.copytree(run_dir, run)
+    # A checkpoint with other weights than model.keras: --checkpoint latest exports it.
+    keras.utils.set_random_seed(7)
+    os.makedirs(os.path.join(run, "checkpoints"))
+    other = build_model(model_config_of_run(run))
+    other.compile()
+    save_model_weights(other, checkpoint_path(os.path.join(run, "checkpoints"), 3))
+    base = str(tmp_path / "models")
+
+    # The library passes early_stopping and the precision through.
+    first = export_saved_model(run, base, version=1, max_extra_length=EXTRA, early_stopping="k_finished",
+                               dtype="mixed_bfloat16")
+    info = _read_export_info(first)
+    _check_score_definition(info["decoding"].pop("score"))
+    assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_extra_length": EXTRA,
+                                "max_input_length": MAX_LENGTH, "early_stopping": "k_finished"}
+    assert info["precision"] == "mixed_bfloat16"
+    with pytest.raises(FileExistsError, match="already exists"):
+        export_saved_model(run, base, version=1)
+
+    # The command: an existing version needs --overwrite, which replaces it.
+    argv = ["export", run, "--output", base, "--version", "1", "--beam", "2", "--alpha", "0.3",
+            "--max-extra-length", str(EXTRA), "--max-input-length", "8", "--early-stopping", "k_finished",
+            "--checkpoint", "latest"]
+    with pytest.raises(SystemExit, match="already exists"):
+        cli.main(argv)
+    assert _read_export_info(first)["precision"] == "mixed_bfloat16"  # left alone
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert cli.main(argv + ["--overwrite"]) == 0
+    assert stdout.getvalue().strip().splitlines()[-1] == first
+    assert sorted(os.listdir(base)) == ["1"]  # replaced, no temporary directory left behind
+    info = _read_export_info(first)
+    _check_score_definition(info["decoding"].pop("score"))
+    assert info["decoding"] == {"beam_size": 2, "alpha": 0.3, "max_extra_length": EXTRA,
+                                "max_input_length": 8, "early_stopping": "k_finished"}
+    assert info["precision"] == "float32" and info["source"] == run
+
+    # Served by a fresh process: the answers of Translator(checkpoint, same options).
+    test = read_lines("test2016", "en")
+    items = _bytes([test[0], "", test[1] + " " + test[2], "A dog."])
+    model, tokenizer = load_run(run, checkpoint="latest")
+    options = dict(beam_size=2, alpha=0.3, max_extra_length=EXTRA, max_input_length=8, early_stopping="k_finished")
+    expected_translations, expected_scores = _in_process(Translator(model, tokenizer, **options), items)
+    served = _serve_in_fresh_process(first, {"options": items}, tmp_path / "cases.json")
+    for result in (served["results"]["options"], served["session_results"]["options"]):
+        assert result["translations"] == expected_translations
+        np.testing.assert_allclose(result["scores"], expected_scores, rtol=1e-5, atol=1e-5)
+    # Each option shows in those answers.
+    final_model = Translator.from_run_dir(run, **options)  # model.keras instead of the checkpoint
+    assert not np.allclose(_in_process(final_model, items)[1], expected_scores, atol=1e-3)
+    untruncated = Translator(model, tokenizer, **dict(options, max_input_length=None))
+    assert not np.allclose(_in_process(untruncated, items[2:3])[1], expected_scores[2:3], atol=1e-3)
+    other_alpha = Translator(model, tokenizer, **dict(options, alpha=0.6))
+    assert not np.allclose(_in_process(other_alpha, items)[1], expected_scores, atol=1e-3)
+    other_beam = Translator(model, tokenizer, **dict(options, beam_size=4))
+    assert not np.allclose(_in_process(other_beam, items)[1], expected_scores, atol=1e-3)
 
 
 # The example client against stand-ins for TensorFlow Serving that run the exported signature.

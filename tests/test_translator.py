@@ -1,14 +1,17 @@
 """Translator: strings in, strings out, with defined answers for awkward input."""
 
+import types
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import Transformer, TransformerConfig
+from keras_transformer import Transformer, TransformerConfig, decoding
 from keras_transformer.data.corpora import read_lines
 from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
 from keras_transformer.inference.translator import Translator
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +93,90 @@ def test_greedy_translator(tokenizer, translator):
     texts, scores = run(greedy, ["A dog runs."])
     assert len(texts) == 1 and scores[0] < 0
     assert isinstance(greedy.tokenizer, Tokenizer)
+
+
+# Scores: log P(Y | X) / ((5 + |Y|) / 6) ** alpha for every beam size, greedy included.
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0])
+def test_greedy_scores_are_length_penalized(translator, tokenizer, alpha):
+    """Beam 1 scores as beam search does: greedy's log P divided by lp(|Y|), |Y| its non-pad tokens."""
+    greedy = Translator(translator.model, tokenizer, beam_size=1, alpha=alpha, max_extra_length=4)
+    sentences = ["A dog runs.", "Two men are playing soccer on a green field.", "Hello"]
+    _, scores = run(greedy, sentences)
+    token_ids, log_p = decoding.greedy_search(
+        translator.model, greedy.source_ids(tf.constant(sentences)), max_extra_length=4)
+    lengths = np.sum(token_ids.numpy() != PAD_ID, axis=-1)
+    assert len(set(lengths.tolist())) > 1  # penalties that differ between the sentences
+    np.testing.assert_allclose(scores, log_p.numpy() / decoding.length_penalty(lengths, alpha).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    if alpha == 0.0:
+        np.testing.assert_allclose(scores, log_p.numpy(), rtol=1e-6, atol=1e-6)
+    else:
+        assert np.all(np.abs(scores - log_p.numpy()) > 1e-3)  # lp(|Y|) > 1: the penalty shows
+
+
+class ScriptedTranslationModel:
+    """A stand-in for `Transformer` whose probabilities we know, so scores can be checked exactly.
+
+    The logits of step i are `table[source length, i] + after[previous token]` (random), with
+    the end token favoured where the output would be as long as the source: the outputs end
+    with EOS at different lengths, and the K hypotheses of a beam differ.
+    """
+
+    def __init__(self, vocab_size, max_length=32, seed=0):
+        rng = np.random.default_rng(seed)
+        table = rng.normal(0.0, 1.5, size=(max_length + 1, 2 * max_length, vocab_size))
+        after = rng.normal(0.0, 1.5, size=(vocab_size, vocab_size))
+        for source_length in range(1, max_length + 1):
+            table[source_length, source_length - 1, EOS_ID] += 6.0
+        table[..., :EOS_ID] = -1e9  # never pad, unk or start
+        self.table, self.after = table.astype("float32"), after.astype("float32")
+        self.config = types.SimpleNamespace(max_length=max_length, positional_encoding="sinusoidal")
+
+    def logits(self, source_length, step, previous):
+        return self.table[source_length, step] + self.after[previous]
+
+    def log_prob(self, source_length, tokens):
+        """log P of `tokens` (ending with EOS or not), from the table."""
+        total = 0.0
+        for step, (previous, token) in enumerate(zip([BOS_ID] + tokens[:-1], tokens)):
+            logits = self.logits(source_length, step, previous).astype("float64")
+            total += logits[token] - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max()
+        return total
+
+    def encode(self, source_ids, training=None):
+        return tf.zeros(tf.concat([tf.shape(source_ids), [2]], 0))
+
+    def init_cache(self, memory, max_length):
+        batch = tf.shape(memory)[0]
+        return {"self": [(tf.zeros([batch, 1, max_length, 2]),) * 2], "cross": [(memory, memory)]}
+
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
+                    self_attention_mask=None):
+        if positions is None:
+            positions = cache_index + tf.range(tf.shape(target_ids)[1])
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)  # [B]
+        steps = positions[None, :] + tf.zeros_like(target_ids)  # [B, K]
+        index = tf.stack([lengths[:, None] + tf.zeros_like(target_ids), steps], -1)
+        return tf.gather_nd(self.table, index) + tf.gather(self.after, target_ids), cache
+
+
+@pytest.mark.parametrize("beam_size", [1, 2, 3])
+def test_score_is_log_p_over_length_penalty_for_every_beam_size(tokenizer, beam_size):
+    """score = log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| the generated tokens with EOS."""
+    alpha = 0.6
+    model = ScriptedTranslationModel(tokenizer.vocab_size)
+    translator = Translator(model, tokenizer, beam_size=beam_size, alpha=alpha, max_extra_length=4)
+    sentences = ["A dog runs.", "Two men are playing soccer on a green field.", "Hello", "A girl jumps."]
+    _, scores = run(translator, sentences)
+    source_ids = translator.source_ids(tf.constant(sentences)).numpy()
+    token_ids, _ = translator.search(source_ids)
+    ended = 0
+    for row, (source, ids) in enumerate(zip(source_ids, token_ids.numpy())):
+        tokens = [int(t) for t in ids if t != PAD_ID]
+        ended += tokens[-1] == EOS_ID
+        source_length = int(np.sum(source != PAD_ID))
+        expected = model.log_prob(source_length, tokens) / ((5 + len(tokens)) / 6) ** alpha
+        np.testing.assert_allclose(scores[row], expected, rtol=1e-5, err_msg=f"sentence {row}: {tokens}")
+    assert ended >= 2  # |Y| counts the end token: outputs that have one are checked

@@ -1,0 +1,103 @@
+"""`keras-transformer train`: which value a model option takes, and what a resumed run records.
+
+The order (later wins): the preset, then the caller's defaults (the demo's
+dropout 0), then `--set KEY=VALUE`, then the named flags (`--dropout`).
+"""
+
+import argparse
+import json
+import re
+import shutil
+
+import pytest
+
+from keras_transformer import cli, training
+from keras_transformer.cli import train as train_cli
+
+DEMO_DEFAULTS = dict(overrides={"dropout": 0.0})  # what examples/train_multi30k.py passes
+
+
+def parsed(argv, defaults=None):
+    parser = train_cli.add_training_arguments(argparse.ArgumentParser(), defaults)
+    return train_cli.args_from_namespace(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize("defaults, argv, dropout", [
+    # The caller's default replaces the preset's 0.1 ...
+    (DEMO_DEFAULTS, [], 0.0),
+    # ... and --set replaces the caller's default (it used to be the other way round).
+    (DEMO_DEFAULTS, ["--set", "dropout=0.3"], 0.3),
+    # A named flag wins over --set, wherever each stands on the command line.
+    (DEMO_DEFAULTS, ["--dropout", "0.2", "--set", "dropout=0.3"], 0.2),
+    (DEMO_DEFAULTS, ["--set", "dropout=0.3", "--dropout", "0.2"], 0.2),
+    (DEMO_DEFAULTS, ["--dropout", "0.2"], 0.2),
+    # Without caller defaults: the preset's P_drop = 0.1 (§5.4), then --set, then the flag.
+    (None, [], 0.1),
+    (None, ["--set", "dropout=0.3"], 0.3),
+    (None, ["--dropout", "0.2", "--set", "dropout=0.3"], 0.2),
+])
+def test_preset_then_defaults_then_set_then_named_flags(defaults, argv, dropout):
+    from keras_transformer.config import TransformerConfig
+
+    args = parsed(argv, defaults)
+    assert args.model_config().dropout == dropout
+    assert TransformerConfig.from_preset(args.preset, args.vocab_size).dropout == 0.1  # the preset's own value
+
+
+def test_caller_defaults_and_set_combine_key_by_key():
+    args = parsed(["--set", "num_layers=3", "--set", "layer_norm_epsilon=1e-5"], DEMO_DEFAULTS)
+    assert args.overrides == {"dropout": 0.0, "num_layers": 3, "layer_norm_epsilon": 1e-5}
+    config = args.model_config()
+    assert (config.dropout, config.num_layers, config.layer_norm_epsilon) == (0.0, 3, 1e-5)
+    # The last --set of a key wins; the named flag still beats both.
+    args = parsed(["--set", "num_layers=3", "--set", "num_layers=5", "--num-layers", "2"], DEMO_DEFAULTS)
+    assert args.overrides == {"dropout": 0.0, "num_layers": 2}
+
+
+def test_train_help_documents_the_order(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--set KEY=VALUE" in text
+    assert re.search(r"Order\W.*?preset.*?(command|caller)'s defaults.*?--set.*?named flags", text), text
+
+
+# A resumed run keeps its first options file; resumes.jsonl says what each resume changed.
+
+TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
+
+
+@pytest.fixture(scope="module")
+def spm500(tmp_path_factory):
+    """A 500-piece vocabulary of Multi30k train, copied into the run directory to skip training it."""
+    from keras_transformer.data import corpora
+    from keras_transformer.data.tokenizer import train_tokenizer
+
+    prefix = tmp_path_factory.mktemp("spm") / "spm"
+    train_tokenizer(corpora.read_lines("train", "en") + corpora.read_lines("train", "de"), prefix, 500)
+    return str(prefix) + ".model"
+
+
+def test_resume_keeps_config_json_and_appends_the_changes(tmp_path, spm500):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    shutil.copy(spm500, run_dir / "spm.model")
+    options = dict(output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=512, max_length=32,
+                   checkpoint_every=1, log_every=1, warmup_steps=4, validation_split=None, verbose=0,
+                   overrides=TINY_NET)
+    first = training.train(training.TrainingArgs(max_steps=2, **options))
+    assert first.step == 2
+    config_bytes = (run_dir / "config.json").read_bytes()
+    assert json.loads(config_bytes)["training"]["max_steps"] == 2
+    assert not (run_dir / "resumes.jsonl").exists()  # a fresh run writes config.json only
+
+    again = training.train(training.TrainingArgs(max_steps=4, **options))
+    assert (again.resumed_from, again.step) == (2, 4)
+    assert (run_dir / "config.json").read_bytes() == config_bytes  # the first run's options, byte for byte
+    lines = (run_dir / "resumes.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1
+    resume = json.loads(lines[0])
+    assert resume["step"] == 2
+    assert resume["changed"] == {"max_steps": 4}  # only what differs from config.json
+    assert resume["data"]["total_steps"] == 4
