@@ -41,5 +41,8 @@ def load_translator(args):
     """The translator the options describe."""
     from keras_transformer.inference.translator import load_translator
 
+    sampling = None
+    if getattr(args, "sampling_topk", None) is not None or getattr(args, "sampling_temperature", None) is not None:
+        sampling = dict(top_k=args.sampling_topk or 0, temperature=args.sampling_temperature or 1.0, seed=args.seed)
     return load_translator(args.model, args.beam, args.alpha, args.max_extra_length, args.early_stopping,
-                           args.precision, checkpoint=args.checkpoint)
+                           args.precision, checkpoint=args.checkpoint, sampling=sampling)

@@ -22,6 +22,9 @@ def register(subparsers):
                         help="longer sources are truncated to this many tokens (default: the model's max_length)")
     parser.add_argument("--checkpoint", default=None,
                         help="export this checkpoint (path or 'latest') instead of the final model.keras")
+    parser.add_argument("--n-best", type=int, default=None, metavar="N",
+                        help="also export the signature translate_n_best: the N best translations and scores "
+                             "of each input, [B, N] (N <= --beam)")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help="the precision the exported graph computes in (default: the model's own)")
     parser.set_defaults(func=run)
@@ -35,7 +38,7 @@ def run(args):
             args.run_dir, args.output, version=args.version, beam_size=args.beam, alpha=args.alpha,
             max_extra_length=args.max_extra_length, overwrite=args.overwrite,
             max_input_length=args.max_input_length, checkpoint=args.checkpoint,
-            early_stopping=args.early_stopping, dtype=args.precision,
+            early_stopping=args.early_stopping, dtype=args.precision, n_best=args.n_best,
         )
     except (FileExistsError, FileNotFoundError) as error:
         raise SystemExit(f"export: {error}") from None

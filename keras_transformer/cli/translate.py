@@ -15,6 +15,15 @@ def register(subparsers):
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: read --input or stdin)")
     parser.add_argument("--input", help="file with one sentence per line ('-' for stdin)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--n-best", type=int, default=None, metavar="N",
+                        help="the N best translations of each input (N <= --beam), one per line as "
+                             "SOURCE_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index, best first)")
+    sampling = parser.add_argument_group("sampling (instead of beam search; back-translation, data augmentation)")
+    sampling.add_argument("--sampling-topk", type=int, default=None, metavar="K",
+                          help="draw each token from the K most probable (0: the whole vocabulary)")
+    sampling.add_argument("--sampling-temperature", type=float, default=None, metavar="T",
+                          help="divide the logits by T before drawing (default 1)")
+    sampling.add_argument("--seed", type=int, default=None, help="makes the draws reproducible")
     parser.set_defaults(func=run)
 
 
@@ -31,8 +40,12 @@ def run(args):
     translator = load_translator(args)
     sentences = read_sentences(args)
     translations = translator.translate(sentences, batch_size=args.batch_size,
-                                        progress=not args.sentences and not args.quiet)
-    for line in translations:
-        sys.stdout.write(line.replace("\n", " ") + "\n")
+                                        progress=not args.sentences and not args.quiet, n_best=args.n_best)
+    for index, result in enumerate(translations):
+        if args.n_best is None:
+            sys.stdout.write(result.replace("\n", " ") + "\n")
+            continue
+        for text, score in result:
+            sys.stdout.write(f"{index}\t{score:.6f}\t{text.replace(chr(10), ' ')}\n")
     sys.stdout.flush()
     return 0

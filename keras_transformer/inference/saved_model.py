@@ -81,6 +81,7 @@ __all__ = [
 ]
 
 SIGNATURE_NAME = "serving_default"
+N_BEST_SIGNATURE_NAME = "translate_n_best"  # with n_best: the N best translations of each input
 INPUT_NAME = "inputs"
 OUTPUT_NAMES = ("translations", "scores")
 ASSET_FILENAME = "spm.model"
@@ -94,7 +95,7 @@ PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 class _ServingModule(tf.Module):
     """What is saved: the Translator's traced `translate_strings`, the resources it captures, the assets."""
 
-    def __init__(self, translator, asset_paths):
+    def __init__(self, translator, asset_paths, n_best=None):
         super().__init__(name="keras_transformer_serving")
         # The model's tf.Variables, not the Keras model: a Keras 3 variable wraps a
         # tf.Variable (`.value`), which is what the traced functions capture, but saving
@@ -109,6 +110,12 @@ class _ServingModule(tf.Module):
         self.tokenizer = translator.tokenizer
         # One trace, used both by the signature and as `loaded.translate_strings`.
         self.translate_strings = translator.translate_strings.get_concrete_function()
+        self.serving_signatures = {SIGNATURE_NAME: self.translate_strings}
+        if n_best:
+            spec = tf.TensorSpec([None], tf.string, name="inputs")
+            n_best_fn = tf.function(lambda inputs: translator.n_best_strings(inputs, n_best), input_signature=[spec])
+            self.translate_n_best = n_best_fn.get_concrete_function()
+            self.serving_signatures[N_BEST_SIGNATURE_NAME] = self.translate_n_best
         self.sentencepiece_model = tf.saved_model.Asset(asset_paths[ASSET_FILENAME])
         self.export_info = tf.saved_model.Asset(asset_paths[INFO_FILENAME])
 
@@ -194,11 +201,11 @@ def _make_translator(source, options, checkpoint, dtype):
     raise TypeError(f"source must be a run directory or a Translator, got {type(source).__name__}.")
 
 
-def _export_info(translator, version, source):
+def _export_info(translator, version, source, n_best=None):
     import keras_transformer
 
     config = translator.model.config
-    return {
+    info = {
         "format": "keras_transformer SavedModel for TensorFlow Serving",
         "signature": {
             "name": SIGNATURE_NAME,
@@ -222,10 +229,18 @@ def _export_info(translator, version, source):
         "tensorflow_version": tf.__version__,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if n_best:
+        info["n_best_signature"] = {
+            "name": N_BEST_SIGNATURE_NAME,
+            "inputs": {INPUT_NAME: "tf.string [None]"},
+            "outputs": {"translations": f"tf.string [None, {n_best}]", "scores": f"float32 [None, {n_best}]"},
+        }
+    return info
 
 
 def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=None, max_extra_length=None,
-                       *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype=None):
+                       *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype=None,
+                       n_best=None):
     """Writes a SavedModel for TensorFlow Serving to `output_dir/<version>/`; returns that path.
 
     Args:
@@ -246,6 +261,9 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
             "latest") instead of the final `model.keras`.
         dtype: for a run directory, the dtype policy the exported graph
             computes in (default: the model's own).
+        n_best: also export the signature "translate_n_best": inputs
+            tf.string [B] -> translations tf.string [B, n_best] and scores
+            float32 [B, n_best], best first (n_best at most the beam size).
 
     Returns:
         `output_dir/<version>` (str).
@@ -270,6 +288,8 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
     options = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
                    max_input_length=max_input_length, early_stopping=early_stopping)
     translator = _make_translator(source, options, checkpoint, dtype)
+    if n_best is not None:
+        translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
     tf.io.gfile.makedirs(output_dir)
     remote = "://" in output_dir
     # Written under a name TF Serving ignores (not an integer), then renamed into place.
@@ -281,13 +301,13 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         with open(asset_paths[ASSET_FILENAME], "wb") as f:
             f.write(translator.tokenizer.model_proto)
         with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
-            json.dump(_export_info(translator, version, source), f, indent=2, sort_keys=True)
-        module = _ServingModule(translator, asset_paths)
+            json.dump(_export_info(translator, version, source, n_best), f, indent=2, sort_keys=True)
+        module = _ServingModule(translator, asset_paths, n_best)
         try:
             tf.saved_model.save(
                 module,
                 work_dir,
-                signatures={SIGNATURE_NAME: module.translate_strings},
+                signatures=module.serving_signatures,
             )
             check_serving_ops(work_dir)
         except BaseException:

@@ -76,7 +76,7 @@ class Translator(tf.Module):
 
     def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
                  max_extra_length=EXTRA_OUTPUT_LENGTH, max_input_length=None, jit_compile=False,
-                 early_stopping=DEFAULT_EARLY_STOPPING, name="translator"):
+                 early_stopping=DEFAULT_EARLY_STOPPING, sampling=None, name="translator"):
         super().__init__(name=name)
         self.model = model
         self.tokenizer = tokenizer
@@ -87,14 +87,20 @@ class Translator(tf.Module):
         self.max_input_length = int(max_input_length or model.config.max_length)
         if self.max_input_length < 2:
             raise ValueError(f"max_input_length must be at least 2, got {self.max_input_length}.")
+        self.sampling = dict(sampling) if sampling else None
         options = dict(max_extra_length=self.max_extra_length)
-        if self.beam_size == 1:
+        if self.sampling:
+            self.search = decoding.make_decode_fn(model, "sampling", jit_compile=jit_compile, **self.sampling,
+                                                  **options)
+        elif self.beam_size == 1:
             self.search = decoding.make_decode_fn(model, "greedy", jit_compile=jit_compile, **options)
         else:
             self.search = decoding.make_decode_fn(
                 model, "beam", jit_compile=jit_compile, beam_size=self.beam_size, alpha=self.alpha,
                 early_stopping=early_stopping, **options
             )
+        self._search_all = None  # every beam, for n-best lists: built on first use
+        self._jit_compile = jit_compile
 
     # In-graph -------------------------------------------------------------------
 
@@ -120,8 +126,8 @@ class Translator(tf.Module):
 
         def run():
             token_ids, scores = self.search(self.source_ids(inputs))
-            if self.beam_size == 1:
-                # Greedy search gives log P; every score is log P / lp(|Y|), as beam search's.
+            if self.beam_size == 1 or self.sampling:
+                # Greedy search and sampling give log P; every score is log P / lp(|Y|), as beam search's.
                 lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
                 scores = scores / decoding.length_penalty(lengths, self.alpha)
             return self.tokenizer.detokenize(token_ids), scores
@@ -135,9 +141,46 @@ class Translator(tf.Module):
             "scores": tf.where(blank, 0.0, scores),
         }
 
+    def n_best_strings(self, inputs, n_best):
+        """`inputs` tf.string `[N]` -> the `n_best` best translations of each, best first.
+
+        Returns `{"translations": tf.string [N, n_best], "scores": float32 [N, n_best]}`
+        (scores as `translate_strings`'); a blank input gets `n_best` empty
+        translations scored 0. Beam search with `return_all=True`: a sentence
+        stops only when no alive hypothesis can beat its `beam_size`-th
+        finished one, so each of the n is exact.
+        """
+        if not 1 <= n_best <= self.beam_size or self.sampling:
+            raise ValueError(f"n_best must be between 1 and the beam size {self.beam_size} (and no sampling), "
+                             f"got {n_best}.")
+        if self._search_all is None:
+            self._search_all = decoding.make_decode_fn(
+                self.model, "beam", jit_compile=self._jit_compile, beam_size=self.beam_size, alpha=self.alpha,
+                early_stopping=self.early_stopping, max_extra_length=self.max_extra_length, return_all=True)
+        return self._n_best_graph(inputs, n_best)
+
+    def _n_best_graph(self, inputs, n_best):
+        blank = tf.equal(tf.strings.length(tf.strings.strip(inputs)), 0)[:, None]  # [N, 1]
+
+        def run():
+            token_ids, scores = self._search_all(self.source_ids(inputs))  # [N, K, L], [N, K]
+            token_ids, scores = token_ids[:, :n_best], scores[:, :n_best]
+            shape = tf.shape(token_ids)
+            texts = self.tokenizer.detokenize(tf.reshape(token_ids, [shape[0] * shape[1], shape[2]]))
+            if self.beam_size == 1:
+                lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
+                scores = scores / decoding.length_penalty(lengths, self.alpha)
+            return tf.reshape(texts, [shape[0], shape[1]]), scores
+
+        def nothing():
+            return tf.zeros([0, n_best], tf.string), tf.zeros([0, n_best], tf.float32)
+
+        translations, scores = tf.cond(tf.size(inputs) > 0, run, nothing)
+        return {"translations": tf.where(blank, "", translations), "scores": tf.where(blank, 0.0, scores)}
+
     # Python convenience ---------------------------------------------------------------
 
-    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2):
+    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2, n_best=None):
         """Translates a list of `str`, batching sentences of similar length.
 
         Args:
@@ -150,30 +193,42 @@ class Translator(tf.Module):
                 2-core AVX512 machine, two batches in flight translated
                 test2016 in 22-24 s instead of 27-29 s. Results do not
                 depend on it.
+            n_best: None for one translation per sentence; N (at most the
+                beam size) for the N best of each, best first, as lists of
+                `(translation, score)` (`return_scores` is then implied).
+
+        Returns:
+            the translations (a list of str, or of N-lists with `n_best`), and
+            with `return_scores` the list of scores.
         """
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive integer, got {workers!r}.")
+        if n_best is not None:
+            self.n_best_strings(tf.constant([], tf.string), n_best)  # checks n_best before any work
         sentences = list(sentences)
         lengths = [len(s.encode("utf-8", "replace")) for s in sentences]
         order = np.argsort(lengths, kind="stable")[::-1]  # longest first: errors show early
         chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-        translations, scores = [""] * len(sentences), [0.0] * len(sentences)
+        results = [None] * len(sentences)
         bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
 
         def run(rows):
-            return rows, self.translate_strings(tf.constant([sentences[i] for i in rows], tf.string))
+            inputs = tf.constant([sentences[i] for i in rows], tf.string)
+            return rows, self.translate_strings(inputs) if n_best is None else self.n_best_strings(inputs, n_best)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             # The first batch alone: it traces the graph functions once.
-            results = itertools.chain([run(chunks[0])] if chunks else [], pool.map(run, chunks[1:]))
-            for rows, out in results:
+            batches = itertools.chain([run(chunks[0])] if chunks else [], pool.map(run, chunks[1:]))
+            for rows, out in batches:
                 for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy()):
-                    translations[row] = text.decode("utf-8")
-                    scores[row] = float(score)
+                    results[row] = _decoded(text, score)
                 if bar is not None:
                     # Keras' Progbar writes to stdout, which holds the translations.
                     with contextlib.redirect_stdout(sys.stderr):
                         bar.add(len(rows))
+        if n_best is not None:
+            return [list(zip(*result)) for result in results]
+        translations, scores = [r[0] for r in results], [r[1] for r in results]
         return (translations, scores) if return_scores else translations
 
     @classmethod
@@ -202,8 +257,27 @@ class SavedModelTranslator:
     def translate_strings(self, inputs):
         return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
 
-    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2):
-        return Translator.translate(self, sentences, batch_size, progress, return_scores, workers)
+    def n_best_strings(self, inputs, n_best):
+        """The export's "translate_n_best" signature, cut to `n_best` (at most the exported N)."""
+        signature = self._loaded.signatures.get("translate_n_best")
+        if signature is None:
+            raise ValueError(f"{self.path} was exported without --n-best: it has no translate_n_best signature.")
+        exported = signature.structured_outputs["translations"].shape[1]
+        if not 1 <= n_best <= exported:
+            raise ValueError(f"n_best must be between 1 and {exported} (the N this SavedModel was exported with), "
+                             f"got {n_best}.")
+        outputs = signature(inputs=tf.convert_to_tensor(inputs, tf.string))
+        return {name: value[:, :n_best] for name, value in outputs.items()}
+
+    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2, n_best=None):
+        return Translator.translate(self, sentences, batch_size, progress, return_scores, workers, n_best)
+
+
+def _decoded(text, score):
+    """Bytes and score (or arrays of them, for n-best lists) -> str and float (or lists)."""
+    if isinstance(text, bytes):
+        return text.decode("utf-8"), float(score)
+    return [t.decode("utf-8") for t in text], [float(x) for x in score]
 
 
 def resolve_saved_model_dir(path):
@@ -226,14 +300,21 @@ def is_saved_model(path):
 
 
 def load_translator(path, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
-                    early_stopping=DEFAULT_EARLY_STOPPING, precision=None, checkpoint=None):
-    """A translator for a run directory or an exported SavedModel (whose options are fixed at export)."""
+                    early_stopping=DEFAULT_EARLY_STOPPING, precision=None, checkpoint=None, sampling=None):
+    """A translator for a run directory or an exported SavedModel (whose options are fixed at export).
+
+    `sampling`: `dict(top_k=..., temperature=..., seed=...)` to sample instead of searching (run directories).
+    """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"--model {path}: no such directory (expected a run directory or a SavedModel).")
     if is_saved_model(path):
+        if sampling:
+            raise ValueError(f"{path} is a SavedModel, which decodes as exported (beam search): sampling needs the "
+                             "training run directory.")
         defaults = (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None)
         if (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint) != defaults:
             logger.warning("%s is a SavedModel: decoding options were fixed at export; ignoring the ones given.", path)
         return SavedModelTranslator(path)
     return Translator.from_run_dir(path, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
-                                   early_stopping=early_stopping, dtype=precision, checkpoint=checkpoint)
+                                   early_stopping=early_stopping, dtype=precision, checkpoint=checkpoint,
+                                   sampling=sampling)

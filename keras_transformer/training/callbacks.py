@@ -212,7 +212,8 @@ def tensorboard_available():
 
 class GlobalStepTensorBoard(keras.callbacks.TensorBoard):
     """`keras.callbacks.TensorBoard` whose batch-level step axis is the global step,
-    also after a resume (Keras restarts it at 0 in every `fit`)."""
+    also after a resume (Keras restarts it at 0 in every `fit`) and with
+    `steps_per_execution` > 1 (Keras counts one per execution)."""
 
     def __init__(self, log_dir, update_freq, monitor):
         super().__init__(log_dir, update_freq=update_freq, write_graph=False)
@@ -221,6 +222,14 @@ class GlobalStepTensorBoard(keras.callbacks.TensorBoard):
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         self._global_train_batch = self.monitor.step
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # The step this execution ends at (Keras' own count adds 1 to it below).
+        per_execution = getattr(self.model, "steps_per_execution", 1) or 1
+        steps_in_epoch = (self.params or {}).get("steps")
+        end = batch + per_execution if not steps_in_epoch else min(batch + per_execution, steps_in_epoch)
+        self._global_train_batch = self.monitor._epoch_start_step + end - 1
+        super().on_train_batch_begin(batch, logs)
 
 
 class FixedColumnsCSVLogger(keras.callbacks.CSVLogger):
