@@ -220,6 +220,7 @@ def _export_info(translator, version, source, n_best=None):
             "max_extra_length": translator.max_extra_length,
             "max_input_length": translator.max_input_length,
             "early_stopping": translator.early_stopping,
+            "max_batch_size": translator.max_batch_size,
             "score": "log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| counting the end token",
         },
         "precision": translator.model.dtype_policy.name,

@@ -11,7 +11,11 @@ Defined answers for awkward input (no crash, no hang):
 - invalid UTF-8 bytes are replaced by U+FFFD before tokenization;
 - a sentence longer than the model's `max_length` tokens is truncated (its
   output is then bounded by `max_length + max_extra_length`);
-- an empty batch gives empty outputs.
+- an empty batch gives empty outputs;
+- and a clear error, not a crash inside the graph, for what is not a batch
+  of sentences: more than `max_batch_size` (1024) sentences in one call,
+  or an input that is not a vector of strings (a scalar, a matrix, numbers;
+  refused by the signature `tf.string [None]` before the graph runs).
 """
 
 import concurrent.futures
@@ -36,6 +40,9 @@ from keras_transformer.special_ids import EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
 
+# The most sentences one call of `translate_strings` (one serving request) takes; more is an error.
+MAX_BATCH_SIZE = 1024
+
 
 class Translator(tf.Module):
     """Translates sentences with a trained `Transformer` and its `Tokenizer` (§6.1 decoding).
@@ -52,6 +59,11 @@ class Translator(tf.Module):
         jit_compile: compile the search with XLA.
         early_stopping: "exact" (default) or "k_finished", see
             `keras_transformer.decoding.beam_search`.
+        sampling: `dict(top_k=..., temperature=..., seed=...)` to sample
+            (`decoding.sampling_search`) instead of searching.
+        max_batch_size: the most sentences one `translate_strings` call (one
+            serving request) takes: more is an InvalidArgumentError naming
+            the limit, not an out-of-memory crash (default 1024).
 
     Attributes:
         search: the search as a `tf.function`, source ids `[B, S]` ->
@@ -76,8 +88,10 @@ class Translator(tf.Module):
 
     def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
                  max_extra_length=EXTRA_OUTPUT_LENGTH, max_input_length=None, jit_compile=False,
-                 early_stopping=DEFAULT_EARLY_STOPPING, sampling=None, name="translator"):
+                 early_stopping=DEFAULT_EARLY_STOPPING, sampling=None, max_batch_size=MAX_BATCH_SIZE,
+                 name="translator"):
         super().__init__(name=name)
+        self.max_batch_size = int(max_batch_size)
         self.model = model
         self.tokenizer = tokenizer
         self.beam_size = int(beam_size)
@@ -122,6 +136,7 @@ class Translator(tf.Module):
         (GNMT's length penalty, §6.1), |Y| counting the generated tokens with
         the end token, for every beam size (greedy too); 0 for a blank input.
         """
+        inputs = self._checked_inputs(inputs)
         blank = tf.equal(tf.strings.length(tf.strings.strip(inputs)), 0)
 
         def run():
@@ -140,6 +155,21 @@ class Translator(tf.Module):
             "translations": tf.where(blank, "", translations),
             "scores": tf.where(blank, 0.0, scores),
         }
+
+    def _checked_inputs(self, inputs):
+        """`inputs`, once it is known to be a vector of at most `max_batch_size` sentences.
+
+        A signature called with a scalar or a matrix still runs the graph
+        (its `[None]` shape is not enforced when the graph is fed), so the
+        rank is checked at run time, before anything else reads the inputs.
+        """
+        inputs = tf.ensure_shape(inputs, [None], name="inputs_must_be_a_vector_of_sentences")
+        too_many = tf.debugging.assert_less_equal(
+            tf.size(inputs), self.max_batch_size,
+            message=f"keras_transformer: at most {self.max_batch_size} sentences per request (inputs [N], N <= "
+                    f"{self.max_batch_size}); split the batch")
+        with tf.control_dependencies([too_many]):
+            return tf.identity(inputs)
 
     def n_best_strings(self, inputs, n_best):
         """`inputs` tf.string `[N]` -> the `n_best` best translations of each, best first.
@@ -160,6 +190,7 @@ class Translator(tf.Module):
         return self._n_best_graph(inputs, n_best)
 
     def _n_best_graph(self, inputs, n_best):
+        inputs = self._checked_inputs(inputs)
         blank = tf.equal(tf.strings.length(tf.strings.strip(inputs)), 0)[:, None]  # [N, 1]
 
         def run():
@@ -203,6 +234,9 @@ class Translator(tf.Module):
         """
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be a positive integer, got {workers!r}.")
+        limit = getattr(self, "max_batch_size", None)
+        if not 1 <= batch_size <= (limit or batch_size):
+            raise ValueError(f"batch_size must be between 1 and {limit}, got {batch_size}.")
         if n_best is not None:
             self.n_best_strings(tf.constant([], tf.string), n_best)  # checks n_best before any work
         sentences = list(sentences)
