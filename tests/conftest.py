@@ -17,6 +17,17 @@ TINY_RUN_VOCAB = 400
 TINY_RUN_MAX_LENGTH = 32
 
 
+@pytest.fixture(scope="session")
+def spm500(tmp_path_factory):
+    """A 500-piece vocabulary of Multi30k train (copied into run directories to skip training it)."""
+    from keras_transformer.data import corpora
+    from keras_transformer.data.tokenizer import train_tokenizer
+
+    prefix = tmp_path_factory.mktemp("spm") / "spm"
+    train_tokenizer(corpora.read_lines("train", "en") + corpora.read_lines("train", "de"), prefix, 500)
+    return str(prefix) + ".model"
+
+
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
     keras.utils.set_random_seed(1234)

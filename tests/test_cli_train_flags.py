@@ -68,17 +68,6 @@ def test_train_help_documents_the_order(capsys):
 TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 
 
-@pytest.fixture(scope="module")
-def spm500(tmp_path_factory):
-    """A 500-piece vocabulary of Multi30k train, copied into the run directory to skip training it."""
-    from keras_transformer.data import corpora
-    from keras_transformer.data.tokenizer import train_tokenizer
-
-    prefix = tmp_path_factory.mktemp("spm") / "spm"
-    train_tokenizer(corpora.read_lines("train", "en") + corpora.read_lines("train", "de"), prefix, 500)
-    return str(prefix) + ".model"
-
-
 def test_resume_keeps_config_json_and_appends_the_changes(tmp_path, spm500):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -205,7 +205,8 @@ def test_layout_and_asset(exported, run_dir, served):
         info = json.load(f)
     _check_score_definition(info["decoding"].pop("score"))
     assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_extra_length": EXTRA,
-                                "max_input_length": MAX_LENGTH, "early_stopping": "exact"}
+                                "max_input_length": MAX_LENGTH, "early_stopping": "exact",
+                                "max_batch_size": 1024}
     assert info["precision"] == "float32"
     # The loaded SavedModel's Asset points at its own assets/ copy.
     import hashlib
@@ -359,7 +360,8 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
     info = _read_export_info(first)
     _check_score_definition(info["decoding"].pop("score"))
     assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_extra_length": EXTRA,
-                                "max_input_length": MAX_LENGTH, "early_stopping": "k_finished"}
+                                "max_input_length": MAX_LENGTH, "early_stopping": "k_finished",
+                                "max_batch_size": 1024}
     assert info["precision"] == "mixed_bfloat16"
     with pytest.raises(FileExistsError, match="already exists"):
         export_saved_model(run, base, version=1)
@@ -379,7 +381,8 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
     info = _read_export_info(first)
     _check_score_definition(info["decoding"].pop("score"))
     assert info["decoding"] == {"beam_size": 2, "alpha": 0.3, "max_extra_length": EXTRA,
-                                "max_input_length": 8, "early_stopping": "k_finished"}
+                                "max_input_length": 8, "early_stopping": "k_finished",
+                                "max_batch_size": 1024}
     assert info["precision"] == "float32" and info["source"] == run
 
     # Served by a fresh process: the answers of Translator(checkpoint, same options).

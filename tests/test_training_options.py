@@ -40,17 +40,6 @@ def equation_3(step, scale=1.0, d_model=TINY_NET["d_model"], warmup=WARMUP):
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-@pytest.fixture(scope="module")
-def spm500(tmp_path_factory):
-    """A 500-piece vocabulary of Multi30k train (copied into run directories to skip training it)."""
-    from keras_transformer.data import corpora
-    from keras_transformer.data.tokenizer import train_tokenizer
-
-    prefix = tmp_path_factory.mktemp("spm") / "spm"
-    train_tokenizer(corpora.read_lines("train", "en") + corpora.read_lines("train", "de"), prefix, 500)
-    return str(prefix) + ".model"
-
-
 def new_run_dir(path, spm_model):
     path.mkdir(parents=True, exist_ok=True)
     shutil.copy(spm_model, path / "spm.model")

@@ -57,8 +57,11 @@ def test_empty_batch_gives_empty_outputs(translator):
 
 
 def test_invalid_utf8_is_replaced_not_fatal(translator):
+    """Each invalid byte becomes U+FFFD: the answer is that of the repaired sentence."""
     texts, scores = run(translator, [b"A dog \xff\xfe runs.", b"\xc3"])
-    assert len(texts) == 2 and np.all(np.isfinite(scores))
+    repaired, repaired_scores = run(translator, ["A dog \ufffd\ufffd runs.", "\ufffd"])
+    assert texts == repaired
+    np.testing.assert_allclose(scores, repaired_scores, rtol=1e-6)
     source = translator.source_ids(tf.constant([b"\xc3"])).numpy()
     assert source.shape[0] == 1 and source[0, -1] == 3  # replacement char, then EOS
 
@@ -67,6 +70,7 @@ def test_long_input_is_truncated_and_output_bounded(translator, tokenizer):
     long = " ".join(["A man in a blue shirt is standing on a ladder."] * 40)
     ids = translator.source_ids(tf.constant([long])).numpy()
     assert ids.shape == (1, 16) and ids[0, -1] == 3  # max_length 16, EOS kept
+    assert list(ids[0, :15]) == tokenizer.encode(long)[:15]  # the first 15 pieces of the sentence
     token_ids, _ = translator.search(ids)
     assert token_ids.shape[1] <= 16 + 4
 
@@ -75,6 +79,9 @@ def test_many_sentences(translator):
     sentences = read_lines("test2016", "en")[:256]
     texts, scores = run(translator, sentences)
     assert len(texts) == 256 and np.all(np.isfinite(scores))
+    for i in (0, 97, 255):  # a row of a 256-sentence batch is that sentence's translation alone
+        alone_text, alone_score = run(translator, [sentences[i]])
+        assert texts[i] == alone_text[0] and scores[i] == pytest.approx(alone_score[0], abs=1e-4)
 
 
 def test_concurrent_batches_give_the_same_translations_in_order(translator):
@@ -89,9 +96,12 @@ def test_concurrent_batches_give_the_same_translations_in_order(translator):
 
 
 def test_greedy_translator(tokenizer, translator):
+    from keras_transformer.decoding import greedy_search
+
     greedy = Translator(translator.model, tokenizer, beam_size=1, max_extra_length=4)
     texts, scores = run(greedy, ["A dog runs."])
-    assert len(texts) == 1 and scores[0] < 0
+    token_ids, _ = greedy_search(translator.model, greedy.source_ids(tf.constant(["A dog runs."])), max_extra_length=4)
+    assert texts == [tokenizer.detokenize(token_ids).numpy()[0].decode("utf-8")] and scores[0] < 0
     assert isinstance(greedy.tokenizer, Tokenizer)
 
 
