@@ -100,3 +100,16 @@ def serialized_saved_model(export_dir):
     with tf.io.gfile.GFile(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
         proto.ParseFromString(f.read())
     return proto
+
+
+def swap_ema_weights(model):
+    """Swaps a model's trainable weights with its optimizer's moving averages (`use_ema=True`).
+
+    Keras does this around evaluation in `keras.callbacks.SwapEMAWeights`;
+    its swap methods are private. Calling it twice restores the weights.
+    """
+    import keras
+
+    swapper = keras.callbacks.SwapEMAWeights()
+    swapper.set_model(model)
+    swapper._apply_to_ema_optimizers(swapper._tf_swap_variables, swapper._backend_swap_variables)

@@ -147,6 +147,9 @@ def _add_run_flags(parser, d):
                      help="newest checkpoints to keep (at least --average-last; default %(default)s)")
     run.add_argument("--average-last", type=int, default=d.average_last,
                      help="final model = mean of the last K checkpoints (§6.1: 5 base, 20 big; default off)")
+    run.add_argument("--ema", type=float, default=d.ema, metavar="DECAY",
+                     help="keep an exponential moving average of the weights (e.g. 0.999), validate with it and "
+                          "export it: an alternative to --average-last (default off)")
     run.add_argument("--validate-every", type=int, default=d.validate_every,
                      help="epochs between validation runs (default %(default)s)")
     run.add_argument("--validate-bleu-every", type=int, default=d.validate_bleu_every, metavar="STEPS",

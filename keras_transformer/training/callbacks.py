@@ -131,7 +131,7 @@ class RunMonitor(keras.callbacks.Callback):
         last = self.step >= self.total_steps or self.out_of_time
         if self.validator is not None and not self.stopped_on_nan and self.validator.due(previous, self.step, last):
             started = time.perf_counter()
-            self.early_stopped = self.validator(self.model, self.step)
+            self.early_stopped = self._validate()
             last = last or self.early_stopped
             self._exclude_from_speed(time.perf_counter() - started)
         if self.run.is_chief and (self._crossed(previous, args.log_every) or last):
@@ -141,6 +141,18 @@ class RunMonitor(keras.callbacks.Callback):
             self.last_backup = self.step
         if last:
             self.model.stop_training = True
+
+    def _validate(self):
+        """The validator on the weights validation uses: the moving average with `--ema`."""
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        ema = getattr(optimizer, "use_ema", False)
+        if ema:
+            compat.swap_ema_weights(self.model)
+        try:
+            return self.validator(self.model, self.step)
+        finally:
+            if ema:
+                compat.swap_ema_weights(self.model)
 
     def _exclude_from_speed(self, seconds):
         """Time spent on something else than training steps does not count into tokens/s."""
@@ -204,6 +216,28 @@ class EpochEndBackup(keras.callbacks.Callback):
         if not monitor.stopped_on_nan and monitor.step != monitor.last_backup:
             monitor.run.save_backup(self.model, monitor.step)
             monitor.last_backup = monitor.step
+
+
+class KeepTrainingWeights(keras.callbacks.Callback):
+    """Keeps a copy of the training weights at each epoch end, so that they can be put back.
+
+    With an exponential moving average (`use_ema`), every `fit()` call ends by
+    overwriting the model's weights with the average. A run made of several
+    `fit()` calls (a resume inside an epoch, `--steps-per-execution`) must go
+    on training its own weights: `restore()` puts the copy back.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.weights = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights = [v.numpy() for v in self.model.trainable_variables]
+
+    def restore(self):
+        """Puts the training weights of the last epoch end back into the model."""
+        for variable, value in zip(self.model.trainable_variables, self.weights):
+            variable.assign(value)
 
 
 def tensorboard_available():

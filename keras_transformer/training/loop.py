@@ -208,7 +208,8 @@ def _build_model(state):
     with strategy.scope():
         model = Transformer(state.model_config)
         model.compile(
-            optimizer=create_optimizer(state.model_config.d_model, args.warmup_steps, args.lr_scale),
+            optimizer=create_optimizer(state.model_config.d_model, args.warmup_steps, args.lr_scale,
+                                       **(dict(use_ema=True, ema_momentum=args.ema) if args.ema else {})),
             metrics=[MaskedAccuracy()] + run_callbacks.count_metrics(),
             jit_compile=bool(args.xla),
             steps_per_execution=args.steps_per_execution,
@@ -252,6 +253,11 @@ def _fit(state, callbacks):
         all_callbacks.append(run_callbacks.GlobalStepTensorBoard(run.path(LOG_DIR), args.log_every, monitor))
     else:
         print("TensorBoard is not installed (pip install tensorboard): no logs/ for this run.", flush=True)
+    keeper = run_callbacks.KeepTrainingWeights()
+    if args.ema:
+        # Validation with the averaged weights; each fit() ends by writing them into the
+        # model, so the training weights are put back before the next call (not after the last).
+        all_callbacks += [keras.callbacks.SwapEMAWeights(), keeper]
     all_callbacks += list(callbacks) + [run_callbacks.EpochEndBackup(monitor)]
     if not to_train:
         reason = (f"Run already used its time budget of {args.time_budget:g} min (step {start})" if budget_spent
@@ -272,6 +278,8 @@ def _fit(state, callbacks):
                       validation_freq=args.validate_every, callbacks=all_callbacks, verbose=args.verbose)
         if monitor.stopped_on_nan or monitor.out_of_time or monitor.early_stopped or monitor.step >= total:
             break
+        if args.ema:
+            keeper.restore()
     if monitor.out_of_time and monitor.step < total:
         print(f"Time budget of {args.time_budget:g} min reached at step {monitor.step} "
               f"({run.training_seconds() / 60:.1f} min of training).", flush=True)
@@ -304,6 +312,11 @@ def _finish(state, monitor):
     final.build()
     checkpoints = [p for s, p in list_checkpoints(run.out_dir) if s <= step]
     averaged = args.average_last > 1 and len(checkpoints) > 1 and not monitor.stopped_on_nan
+    if args.ema and not monitor.stopped_on_nan:
+        # The moving average is the final model (fit() wrote it into the model already,
+        # unless nothing was trained in this process).
+        state.model.optimizer.finalize_variable_values(state.model.trainable_variables)
+        print(f"Final weights: the exponential moving average (decay {args.ema:g}).", flush=True)
     if averaged:
         chosen = checkpoints[-args.average_last:]
         final.set_weights(average_checkpoints(chosen, final))

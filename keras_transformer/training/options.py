@@ -69,6 +69,10 @@ class TrainingArgs:
         keep_checkpoints: newest checkpoints kept (at least `average_last`).
         average_last: average the last K checkpoints into the final model
             (§6.1: 5 for base, 20 for big); 0 or 1 keeps the last weights.
+        ema: keep an exponential moving average of the weights with this
+            decay (Keras' optimizer `use_ema`, `ema_momentum`), validate with
+            it and make it the final model; an alternative to `average_last`
+            (not in the paper). None for none.
         validate_every: epochs between validation runs.
         validate_bleu_every: steps between translations of the validation
             split scored with BLEU (and at the last step); None for none
@@ -108,6 +112,7 @@ class TrainingArgs:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     average_last: int = 0
+    ema: Optional[float] = None
     validate_every: int = 1
     validate_bleu_every: Optional[int] = None
     bleu_search: str = "greedy"
@@ -133,6 +138,10 @@ class TrainingArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.ema is not None and not (isinstance(self.ema, float) and 0.0 < self.ema < 1.0):
+            raise ValueError(f"ema must be a decay between 0 and 1, got {self.ema!r}.")
+        if self.ema is not None and self.average_last > 1:
+            raise ValueError("ema and average_last > 1 both choose the final weights: use one of them.")
         if self.resume_optimizer and not self.init_from:
             raise ValueError("resume_optimizer needs init_from (--init-from RUN_DIR).")
         if self.init_from is not None and os.path.abspath(self.init_from) == os.path.abspath(self.output):
