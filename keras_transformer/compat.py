@@ -103,13 +103,16 @@ def serialized_saved_model(export_dir):
 
 
 def swap_ema_weights(model):
-    """Swaps a model's trainable weights with its optimizer's moving averages (`use_ema=True`).
+    """Swaps a model's trainable weights with its optimizer's moving averages (`use_ema=True`), exactly.
 
-    Keras does this around evaluation in `keras.callbacks.SwapEMAWeights`;
-    its swap methods are private. Calling it twice restores the weights.
+    Calling it twice restores the weights bit for bit. (Keras' own
+    `SwapEMAWeights` swaps TensorFlow variables by additions and
+    subtractions, which rounds the training weights at every swap and so
+    changes training.) The averages are the optimizer's private
+    `_model_variables_moving_average`, in the order of its `_trainable_variables`.
     """
-    import keras
-
-    swapper = keras.callbacks.SwapEMAWeights()
-    swapper.set_model(model)
-    swapper._apply_to_ema_optimizers(swapper._tf_swap_variables, swapper._backend_swap_variables)
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    for variable, average in zip(optimizer._trainable_variables, optimizer._model_variables_moving_average):
+        training_value = variable.numpy()
+        variable.assign(average.numpy())
+        average.assign(training_value)

@@ -218,6 +218,21 @@ class EpochEndBackup(keras.callbacks.Callback):
             monitor.last_backup = monitor.step
 
 
+class ValidateWithEMA(keras.callbacks.Callback):
+    """Evaluates (Keras' validation at epoch ends) with the moving average of the weights.
+
+    Swaps the weights and their averages exactly before and after each
+    evaluation (`compat.swap_ema_weights`), so training goes on with its own
+    weights, bit for bit.
+    """
+
+    def on_test_begin(self, logs=None):
+        compat.swap_ema_weights(self.model)
+
+    def on_test_end(self, logs=None):
+        compat.swap_ema_weights(self.model)
+
+
 class KeepTrainingWeights(keras.callbacks.Callback):
     """Keeps a copy of the training weights at each epoch end, so that they can be put back.
 

@@ -257,7 +257,7 @@ def _fit(state, callbacks):
     if args.ema:
         # Validation with the averaged weights; each fit() ends by writing them into the
         # model, so the training weights are put back before the next call (not after the last).
-        all_callbacks += [keras.callbacks.SwapEMAWeights(), keeper]
+        all_callbacks += [run_callbacks.ValidateWithEMA(), keeper]
     all_callbacks += list(callbacks) + [run_callbacks.EpochEndBackup(monitor)]
     if not to_train:
         reason = (f"Run already used its time budget of {args.time_budget:g} min (step {start})" if budget_spent
