@@ -4,7 +4,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import csv  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
@@ -15,6 +17,19 @@ collect_ignore = ["distributed_worker.py"]
 
 TINY_RUN_VOCAB = 400
 TINY_RUN_MAX_LENGTH = 32
+
+
+def new_run_dir(path, spm_model):
+    """A run directory holding a copy of `spm_model`, so training reuses that vocabulary."""
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(spm_model, path / "spm.model")
+    return path
+
+
+def read_csv(path):
+    """The rows of a CSV file of a run directory (history.csv, steps.csv, ...) as dicts."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="session")

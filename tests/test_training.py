@@ -6,7 +6,6 @@ again) shared by the resume and run-directory tests, an exact-resume check in
 process, and the example script with a few steps.
 """
 
-import csv
 import glob
 import importlib.util
 import json
@@ -30,19 +29,10 @@ from keras_transformer.training import loop
 from keras_transformer.training import strategy as training_strategy
 from keras_transformer.training import stream as training_stream
 
+from conftest import new_run_dir, read_csv
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
-
-
-def new_run_dir(path, spm_model):
-    path.mkdir(parents=True, exist_ok=True)
-    shutil.copy(spm_model, path / "spm.model")
-    return path
-
-
-def read_csv(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def cli_command():

@@ -8,12 +8,10 @@ prebuilt 500-piece vocabulary) and a few steps long.
 """
 
 import argparse
-import csv
 import glob
 import json
 import math
 import os
-import shutil
 
 import keras
 import numpy as np
@@ -28,6 +26,8 @@ from keras_transformer.data.tokenizer import Tokenizer
 from keras_transformer.training import callbacks as run_callbacks
 from keras_transformer.training.stream import TrainingData
 
+from conftest import new_run_dir, read_csv
+
 TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 WARMUP = 4
 # Steps 1-3 are all in the warmup: the rate grows linearly (equation 3).
@@ -38,17 +38,6 @@ BASE = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, val
 def equation_3(step, scale=1.0, d_model=TINY_NET["d_model"], warmup=WARMUP):
     """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3), step counted from 1."""
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
-
-
-def new_run_dir(path, spm_model):
-    path.mkdir(parents=True, exist_ok=True)
-    shutil.copy(spm_model, path / "spm.model")
-    return path
-
-
-def read_csv(path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def checkpoint_steps(run_dir):
