@@ -25,6 +25,7 @@ Any `keras-transformer train` option works here too (see --help).
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -97,12 +98,31 @@ def build_parser():
     return parser
 
 
+def machine():
+    """The CPU the demo ran on, as its figures should be quoted: model, cores, bfloat16 features."""
+    from keras_transformer.training.strategy import cpu_flags
+
+    cpu = None
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    return dict(cpu=cpu, cpu_count=os.cpu_count(), load_average=list(os.getloadavg()),
+                flags=sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
+
+
+def versions():
+    from importlib import metadata
+
+    return {name: metadata.version(name) for name in ("keras-transformer", "tensorflow", "keras", "sacrebleu")}
+
+
 def main(argv=None):
     parser = build_parser()
-    namespace = parser.parse_args(argv)
+    namespace = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args = train_cli.args_from_namespace(namespace)
+    command = "python examples/train_multi30k.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
-    started = time.perf_counter()
+    job_started = started = time.perf_counter()
     result = training.train(args)
     train_seconds = time.perf_counter() - started
     if result.stopped_on_nan:
@@ -130,9 +150,11 @@ def main(argv=None):
         split=namespace.eval_split, step=result.step, beam=namespace.beam,
         alpha=namespace.alpha, train_seconds=round(train_seconds, 1), decode_seconds=round(decode_seconds, 1),
         tokens_per_sec=result.tokens_per_sec, val_metrics=result.val_metrics, **scores,
+        epochs=round(result.step / _steps_per_epoch(result.run_dir), 2),
+        best_val_bleu=result.best_val_bleu, command=command, training=args.to_dict(), machine=machine(),
+        versions=versions(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
-    with open(os.path.join(result.run_dir, f"{namespace.eval_split}_scores.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2, ensure_ascii=False)
+    report_path = os.path.join(result.run_dir, f"{namespace.eval_split}_scores.json")
 
     print("\nSample translations:")
     for source, reference, hypothesis in list(zip(sources, references, hypotheses))[: namespace.samples]:
@@ -140,10 +162,24 @@ def main(argv=None):
 
     report["export_path"] = None
     if namespace.export:
-        path = export_saved_model(result.run_dir, namespace.export_dir)
+        metadata = {key: report[key] for key in ("command", "machine", "date", "step", "epochs", "train_seconds",
+                                                  "val_metrics", "best_val_bleu")}
+        metadata[namespace.eval_split] = {key: scores[key] for key in scores}
+        path = export_saved_model(result.run_dir, namespace.export_dir, metadata=metadata)
         report["export_path"] = str(path)
         print(f"Exported SavedModel to {path}")
+    # The whole job, training to export; the peak resident memory of this process.
+    report["wall_seconds"] = round(time.perf_counter() - job_started, 1)
+    report["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    with open(report_path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2, ensure_ascii=False)
+    print(f"Done in {report['wall_seconds'] / 60:.1f} min; scores in {report_path}")
     return report
+
+
+def _steps_per_epoch(run_dir):
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+        return json.load(f)["data"]["steps_per_epoch"]
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Presets:
 | base   | 6 | 512     | 8 | 2048 | 0.1    | ~63M               | Table 3 "base" |
 | big    | 6 | 1024    | 16| 4096 | 0.3    | ~214M              | Table 3 "big" |
 | small  | 3 | 256     | 4 | 1024 | 0.1    | CPU-sized          | this project |
+| mini   | 4 | 128     | 4 | 256  | 0.3    | ~2.6M (vocab 10k)  | "Transformer-tiny" (Wu et al., 2021) |
 | tiny   | 2 | 64      | 4 | 256  | 0.1    | for tests          | this project |
 
 The paper's big model used P_drop = 0.3 for EN-DE (and 0.1 for EN-FR, §6.1).
@@ -21,7 +22,7 @@ import dataclasses
 import json
 from typing import Any, Optional
 
-PRESETS = ("tiny", "small", "base", "big")
+PRESETS = ("tiny", "mini", "small", "base", "big")
 
 
 @dataclasses.dataclass
@@ -134,6 +135,17 @@ class TransformerConfig:
         """A CPU-sized model: N=3, d_model=256, h=4, d_ff=1024, P_drop=0.1."""
         return cls(**{**dict(vocab_size=vocab_size, num_layers=3, d_model=256, num_heads=4,
                              d_ff=1024, dropout=0.1), **overrides})
+
+    @classmethod
+    def mini(cls, vocab_size: int = 8000, **overrides: Any) -> "TransformerConfig":
+        """The small Transformer of Multi30k papers: N=4, d_model=128, h=4, d_ff=256, P_drop=0.3.
+
+        The "Transformer-tiny" of Wu et al. (2021, fairseq; 41.0 lower-cased
+        tokenized BLEU on test2016 after 8,000 updates of ~8k tokens), a
+        narrower, deeper model than `small` that sees more epochs per hour.
+        """
+        return cls(**{**dict(vocab_size=vocab_size, num_layers=4, d_model=128, num_heads=4,
+                             d_ff=256, dropout=0.3), **overrides})
 
     @classmethod
     def tiny(cls, vocab_size: int = 8000, **overrides: Any) -> "TransformerConfig":

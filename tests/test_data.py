@@ -364,6 +364,26 @@ def test_make_batches_is_deterministic_and_reshuffles(tokenizer):
     assert lengths != sorted(lengths)
 
 
+def test_make_batches_subword_sampling_changes_segmentation_not_pairs(tokenizer):
+    pairs = list(zip(corpora.read_lines("val", "en")[:300], corpora.read_lines("val", "de")[:300]))
+    ds = tf.data.Dataset.from_tensor_slices(tuple(map(list, zip(*pairs))))
+    boundaries = data.default_bucket_boundaries(128)
+    kwargs = dict(batch_tokens=1280, max_length=128, num_replicas=1, shuffle=False)
+    best = _collect(data.make_batches(ds, tokenizer, **kwargs), boundaries, 1280)
+    assert sorted(best) == sorted(_expected_examples(pairs, tokenizer))
+    sampled = data.make_batches(ds, tokenizer, sampling_alpha=0.1, **kwargs)
+    first, second = (_collect(sampled, boundaries, 1280) for _ in range(2))
+    assert len(first) == len(second) == len(pairs)  # every pair, once per pass
+    assert sorted(first) != sorted(best) and sorted(first) != sorted(second)  # segmented anew each pass
+
+    def texts(examples):
+        sources = tokenizer.detokenize(tf.ragged.constant([s for s, _ in examples])).numpy()
+        targets = tokenizer.detokenize(tf.ragged.constant([t for _, t in examples])).numpy()
+        return sorted(zip(sources, targets))
+
+    assert texts(first) == texts(best)  # the same sentence pairs
+
+
 def test_make_batches_repeat(tokenizer):
     ds = corpora.load_multi30k("val").take(50)
     batches = data.make_batches(ds, tokenizer, batch_tokens=256, max_length=64, num_replicas=1,

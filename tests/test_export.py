@@ -208,6 +208,10 @@ def test_layout_and_asset(exported, run_dir, served):
                                 "max_input_length": MAX_LENGTH, "early_stopping": "exact",
                                 "max_batch_size": 1024}
     assert info["precision"] == "float32"
+    # This run directory was made by hand, without training options (a trained one's are recorded:
+    # test_train_multi30k_example_runs_and_prints_bleu).
+    assert "training" not in json.loads(open(os.path.join(run_dir, "config.json")).read())
+    assert "training" not in info and "metadata" not in info
     # The loaded SavedModel's Asset points at its own assets/ copy.
     import hashlib
 
@@ -365,6 +369,11 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
     assert info["precision"] == "mixed_bfloat16"
     with pytest.raises(FileExistsError, match="already exists"):
         export_saved_model(run, base, version=1)
+    # What the caller knows about the model (the demo: its scores and machine) is kept as given.
+    metadata = {"test2016": {"bleu": 12.5}, "machine": {"cpu": "some CPU"}}
+    tagged = export_saved_model(run, base, version=2, max_extra_length=EXTRA, metadata=metadata)
+    assert _read_export_info(tagged)["metadata"] == metadata
+    shutil.rmtree(tagged)
 
     # The command: an existing version needs --overwrite, which replaces it.
     argv = ["export", run, "--output", base, "--version", "1", "--beam", "2", "--alpha", "0.3",

@@ -174,3 +174,33 @@ def test_survives_tf_random_set_seed(tokenizer):
     tf.random.set_seed(1)
     assert tokenizer.tokenize(["A dog."]).to_list() == fresh.tokenize(["A dog."]).to_list()
     assert _decode(tokenizer.detokenize(tokenizer.tokenize(["A dog."]))) == ["A dog."]
+
+
+def test_sampling_alpha_samples_segmentations_of_the_same_text(tokenizer, val_sentences):
+    sentences = val_sentences[:100]
+    best = tokenizer.tokenize(sentences).to_list()
+    assert tokenizer.tokenize(sentences, sampling_alpha=0.0).to_list() == best
+    draws = [tokenizer.tokenize(sentences, sampling_alpha=0.1) for _ in range(3)]
+    for ids in draws:
+        # Another segmentation of the same text: it detokenizes to the sentence.
+        assert _decode(tokenizer.detokenize(ids)) == sentences
+        flat = ids.flat_values.numpy()
+        assert flat.min() >= 1 and flat.max() < VOCAB_SIZE
+        assert not np.isin(flat, [PAD_ID, BOS_ID, EOS_ID]).any()
+    lists = [ids.to_list() for ids in draws]
+    assert lists[0] != best and lists[0] != lists[1]  # new samples at every call
+    # BPE-dropout skips merges: sampled segmentations are longer, never shorter in total.
+    assert sum(map(len, lists[0])) > sum(map(len, best))
+    # A larger alpha drops more merges.
+    coarse = sum(len(row) for row in tokenizer.tokenize(sentences, sampling_alpha=0.5).to_list())
+    assert coarse > sum(map(len, lists[0]))
+
+
+def test_sampling_alpha_works_in_tf_data_and_rejects_bad_values(tokenizer, val_sentences):
+    dataset = tf.data.Dataset.from_tensor_slices(val_sentences[:64]).batch(32).map(
+        lambda s: tokenizer.tokenize(s, sampling_alpha=0.2).to_tensor())
+    rows = [tuple(r[r > 0]) for batch in dataset for r in batch.numpy()]
+    again = [tuple(r[r > 0]) for batch in dataset for r in batch.numpy()]
+    assert rows != again  # every pass samples anew
+    with pytest.raises(ValueError, match="sampling_alpha"):
+        tokenizer.tokenize(["A dog."], sampling_alpha=1.0)

@@ -406,6 +406,33 @@ def test_epoch_length_is_counted_exactly(spm500):
     assert not np.array_equal(full[0], full[expected]) or full[0].shape != full[expected].shape
 
 
+def test_subword_sampling_segments_training_pairs_anew_but_not_validation(spm500):
+    from keras_transformer import data
+    from keras_transformer.data.tokenizer import Tokenizer
+
+    text = data.load_dataset("multi30k", "val").take(300)
+
+    def first_epoch(subword_sampling, seed=0):
+        # max_length 96: no pair is too long, even segmented finer.
+        args = training.TrainingArgs(output="unused", batch_tokens=1536, max_length=96, seed=seed,
+                                     subword_sampling=subword_sampling)
+        stream = training_stream.TrainingData(args, Tokenizer(spm500), text, 1, 96)
+        targets = [row[row > 0].tolist() for b in stream._epoch_batches(0) for row in b[1].numpy()]
+        validation = [b[1].numpy().tolist() for b in stream.validation(text.take(64))]
+        return targets, validation
+
+    plain, plain_validation = first_epoch(0.0)
+    assert first_epoch(0.0) == (plain, plain_validation)  # deterministic without sampling
+    sampled, sampled_validation = first_epoch(0.1)
+    again, _ = first_epoch(0.1)
+    assert sampled != plain and sampled != again
+    # BPE-dropout: more, shorter pieces per sentence.
+    assert sum(map(len, sampled)) / len(sampled) > sum(map(len, plain)) / len(plain)
+    assert sampled_validation == plain_validation  # validation keeps the best segmentation
+    with pytest.raises(ValueError, match="subword_sampling"):
+        training.TrainingArgs(subword_sampling=1.0)
+
+
 def test_fit_plan_finishes_an_interrupted_epoch_first():
     assert loop._fit_plan(0, 20, 100) == [(0, 1, 20)]
     assert loop._fit_plan(0, 250, 100) == [(0, 3, 100)]
@@ -526,6 +553,18 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     assert report["bleu"] == pytest.approx(expected["bleu"]) and report["tok_bleu"] == pytest.approx(expected["tok_bleu"])
     assert json.loads((run_dir / "test2016_scores.json").read_text())["tok_bleu"] == report["tok_bleu"]
     assert report["export_path"] and os.path.isfile(os.path.join(report["export_path"], "saved_model.pb"))
+    # The report says how, where and how long: a figure quoted from it names its machine and command.
+    saved = json.loads((run_dir / "test2016_scores.json").read_text())
+    assert saved["command"].startswith("python examples/train_multi30k.py --preset tiny")
+    assert saved["training"]["max_steps"] == 6 and saved["epochs"] > 0
+    assert saved["machine"]["cpu_count"] == os.cpu_count() and "flags" in saved["machine"]
+    assert saved["wall_seconds"] >= saved["train_seconds"] > 0 and saved["peak_rss_mb"] > 100
+    assert saved["versions"]["tensorflow"]
+    # The export records the run's options, the machine and the scores of its model.
+    info = json.loads(open(os.path.join(report["export_path"], "assets", "export.json")).read())
+    assert info["training"]["max_steps"] == 6
+    assert info["metadata"]["test2016"]["tok_bleu"] == report["tok_bleu"]
+    assert info["metadata"]["machine"] == saved["machine"] and info["metadata"]["step"] == 6
 
 
 def test_demo_trains_without_dropout_unless_asked():

@@ -105,6 +105,9 @@ def _add_data_flags(parser, d):
                       help="global tokens per batch and side, padding included (§5.1: ~25000; default %(default)s)")
     data.add_argument("--validation-split", default=d.validation_split,
                       help="validation split ('none' for no validation; default %(default)s)")
+    data.add_argument("--subword-sampling", type=float, default=d.subword_sampling, metavar="ALPHA",
+                      help="subword regularization of the training pairs: BPE-dropout probability (0.1 in "
+                           "Provilkov et al., 2020) or unigram alpha; each pass segments anew (default %(default)s: off)")
 
 
 def _add_schedule_flags(parser, d):

@@ -114,6 +114,7 @@ def make_batches(
     drop_remainder: bool = False,
     shuffle_buffer_size: int | None = None,
     pool_size: int | None = None,
+    sampling_alpha: float = 0.0,
 ) -> tf.data.Dataset:
     """Tokenizes, buckets by length and batches by a token budget (§5.1).
 
@@ -180,6 +181,10 @@ def make_batches(
             Default: the dataset size if known and <= ``MAX_DEFAULT_POOL_SIZE``
             (one pool per epoch), else ``max(32768, 4 * batch_tokens)``.
             Rounded up to a multiple of 1024 if larger.
+        sampling_alpha: subword regularization: above 0, every pass segments
+            each sentence anew at random (``Tokenizer.tokenize``'s
+            ``sampling_alpha``: the BPE-dropout probability for BPE models).
+            Batches are then not reproducible by ``seed`` alone.
 
     Returns:
         ``tf.data.Dataset`` of ``((source_ids, target_input_ids), target_output_ids)``,
@@ -212,8 +217,12 @@ def make_batches(
 
     def tokenize_chunk(sources, targets):
         # One SentencePiece call per chunk is much faster than one per sentence.
-        src = tokenizer.tokenize(sources)
-        tgt = tokenizer.tokenize(targets)
+        if sampling_alpha:
+            src = tokenizer.tokenize(sources, sampling_alpha=sampling_alpha)
+            tgt = tokenizer.tokenize(targets, sampling_alpha=sampling_alpha)
+        else:
+            src = tokenizer.tokenize(sources)
+            tgt = tokenizer.tokenize(targets)
         if truncate:
             src = src[:, : max_length - 1]
             tgt = tgt[:, : max_length - 1]

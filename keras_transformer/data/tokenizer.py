@@ -103,7 +103,9 @@ class Tokenizer(tf.Module):
         )
         # A resource with a shared name survives tf.random.set_seed (tensorflow/text#570).
         shared_name = "keras_transformer_spm_" + hashlib.sha256(proto).hexdigest()[:24]
-        compat.attach_sentencepiece_resource(self._sp, compat.shared_sentencepiece_resource(proto, shared_name))
+        self._resource = compat.shared_sentencepiece_resource(proto, shared_name)
+        compat.attach_sentencepiece_resource(self._sp, self._resource)
+        self._samplers = {}  # sampling_alpha -> tf_text tokenizer sharing the model resource
 
     # -- properties ---------------------------------------------------------
     @property
@@ -122,18 +124,42 @@ class Tokenizer(tf.Module):
     eos_id = EOS_ID
 
     # -- in-graph ops -------------------------------------------------------
-    def tokenize(self, strings) -> tf.RaggedTensor:
+    def tokenize(self, strings, sampling_alpha: float = 0.0) -> tf.RaggedTensor:
         """Encodes text to subword ids, without BOS/EOS.
 
         Args:
             strings: a ``tf.string`` tensor (or str / list of str). A rank-1
                 input of N strings gives a ``tf.RaggedTensor`` of shape [N, None];
                 a scalar string gives a dense 1-D tensor.
+            sampling_alpha: 0 (default) gives the one best segmentation. Above
+                0, a random segmentation of each string, new at every call
+                (subword regularization): for a BPE model each merge is skipped
+                with probability ``sampling_alpha`` (BPE-dropout, Provilkov et
+                al., 2020; 0.1 there); for a unigram model segmentations are
+                sampled from all of them with smoothing ``sampling_alpha``
+                (Kudo, 2018). SentencePiece draws from its own random
+                generator, so sampled ids are not reproducible by a TF seed.
 
         Returns:
             int32 ids in ``[1, vocab_size)``; ``PAD_ID`` (0) is never produced.
+            A sampled segmentation detokenizes to the same text as the best one.
         """
-        return self._sp.tokenize(tf.convert_to_tensor(strings, dtype=tf.string))
+        strings = tf.convert_to_tensor(strings, dtype=tf.string)
+        if not sampling_alpha:
+            return self._sp.tokenize(strings)
+        return self._sampling_tokenizer(float(sampling_alpha)).tokenize(strings)
+
+    def _sampling_tokenizer(self, alpha):
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"sampling_alpha must be in [0, 1), got {alpha!r}.")
+        if alpha not in self._samplers:
+            # nbest_size=-1: sample from all segmentations (unigram); BPE models ignore it.
+            sampler = tf_text.SentencepieceTokenizer(
+                model=self._proto, out_type=tf.int32, nbest_size=-1, alpha=alpha, add_bos=False, add_eos=False
+            )
+            compat.attach_sentencepiece_resource(sampler, self._resource)
+            self._samplers[alpha] = sampler
+        return self._samplers[alpha]
 
     def detokenize(self, ids) -> tf.Tensor:
         """Decodes ids back to text.

@@ -201,7 +201,7 @@ def _make_translator(source, options, checkpoint, dtype):
     raise TypeError(f"source must be a run directory or a Translator, got {type(source).__name__}.")
 
 
-def _export_info(translator, version, source, n_best=None):
+def _export_info(translator, version, source, n_best=None, metadata=None):
     import keras_transformer
 
     config = translator.model.config
@@ -230,6 +230,15 @@ def _export_info(translator, version, source, n_best=None):
         "tensorflow_version": tf.__version__,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if isinstance(source, (str, os.PathLike)):
+        from keras_transformer.run_dir import CONFIG_FILENAME, read_config
+
+        training = read_config(source).get("training") if os.path.exists(os.path.join(source, CONFIG_FILENAME)) else None
+        if training:
+            # How the exported model was trained: the run's options as its config.json records them.
+            info["training"] = training
+    if metadata:
+        info["metadata"] = metadata
     if n_best:
         info["n_best_signature"] = {
             "name": N_BEST_SIGNATURE_NAME,
@@ -241,7 +250,7 @@ def _export_info(translator, version, source, n_best=None):
 
 def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=None, max_extra_length=None,
                        *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype=None,
-                       n_best=None):
+                       n_best=None, metadata=None):
     """Writes a SavedModel for TensorFlow Serving to `output_dir/<version>/`; returns that path.
 
     Args:
@@ -265,6 +274,10 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         n_best: also export the signature "translate_n_best": inputs
             tf.string [B] -> translations tf.string [B, n_best] and scores
             float32 [B, n_best], best first (n_best at most the beam size).
+        metadata: a JSON-serializable dict recorded as `metadata` in the
+            export's `assets/export.json` (e.g. the scores and the machine of
+            the run it comes from). A run directory's training options are
+            recorded there as `training` in any case.
 
     Returns:
         `output_dir/<version>` (str).
@@ -302,7 +315,7 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         with open(asset_paths[ASSET_FILENAME], "wb") as f:
             f.write(translator.tokenizer.model_proto)
         with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
-            json.dump(_export_info(translator, version, source, n_best), f, indent=2, sort_keys=True)
+            json.dump(_export_info(translator, version, source, n_best, metadata), f, indent=2, sort_keys=True)
         module = _ServingModule(translator, asset_paths, n_best)
         try:
             tf.saved_model.save(

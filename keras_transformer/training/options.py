@@ -25,7 +25,7 @@ class TrainingArgs:
     """Everything `train` needs; the command line maps one flag to each field.
 
     Model:
-        preset: "tiny", "small", "base" or "big" (`TransformerConfig` presets).
+        preset: "tiny", "mini", "small", "base" or "big" (`TransformerConfig` presets).
         overrides: `TransformerConfig` fields to change, e.g.
             `{"num_layers": 4, "dropout": 0.3}`.
         vocab_size: joint SentencePiece vocabulary size (§5.1).
@@ -38,6 +38,11 @@ class TrainingArgs:
             (§5.1 used ~25000 over 8 GPUs).
         validation_split: split used for validation ("val" for Multi30k,
             "validation" for tfds); None for none.
+        subword_sampling: subword regularization of the training pairs (not
+            of validation): 0 for the best segmentation (the paper), else each
+            pass segments every sentence at random, with this BPE-dropout
+            probability (Provilkov et al., 2020: 0.1) or unigram smoothing
+            alpha (`Tokenizer.tokenize`'s `sampling_alpha`).
     Schedule:
         epochs: passes over the training data (in-memory corpora) or epochs of
             `steps_per_epoch` steps (streamed corpora).
@@ -100,6 +105,7 @@ class TrainingArgs:
     max_length: Optional[int] = None
     batch_tokens: int = 4096
     validation_split: Optional[str] = "val"
+    subword_sampling: float = 0.0
     epochs: Optional[int] = None
     max_steps: Optional[int] = None
     steps_per_epoch: Optional[int] = None
@@ -159,6 +165,8 @@ class TrainingArgs:
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
         if self.keep_checkpoints < 1 or self.average_last < 0:
             raise ValueError("keep_checkpoints must be >= 1 and average_last >= 0.")
+        if isinstance(self.subword_sampling, bool) or not 0.0 <= self.subword_sampling < 1.0:
+            raise ValueError(f"subword_sampling must be in [0, 1), got {self.subword_sampling!r}.")
         if not self.lr_scale > 0:
             raise ValueError(f"lr_scale must be positive, got {self.lr_scale!r}.")
 

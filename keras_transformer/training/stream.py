@@ -70,6 +70,9 @@ class TrainingData:
             return self.args.steps_per_epoch or 1000
         # Exact for in-memory passes; for a large in-memory corpus streamed in
         # several pools, close (a few partial batches per pool are dropped).
+        # With subword sampling, a pass's batch count varies around this one
+        # (the best segmentation's): Keras' epochs then end near, not at, the
+        # end of a pass, and a resumed run continues with new samples.
         return count_batches_per_epoch(self.tensors, self.tokenizer, self.args.batch_tokens,
                                        self.max_length, self.num_replicas)
 
@@ -82,6 +85,7 @@ class TrainingData:
         return data.make_batches(
             pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
             shuffle=False, num_replicas=self.num_replicas, drop_remainder=True, pool_size=self.num_pairs,
+            sampling_alpha=self.args.subword_sampling,
         )
 
     def stream(self, start_step, steps_per_epoch):
@@ -91,7 +95,7 @@ class TrainingData:
             dataset = data.make_batches(
                 self.text, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
                 shuffle=True, seed=self.args.seed + start_step, num_replicas=self.num_replicas,
-                repeat=True, drop_remainder=True,
+                repeat=True, drop_remainder=True, sampling_alpha=self.args.subword_sampling,
             )
         else:
             first_epoch, skip = divmod(start_step, steps_per_epoch)

@@ -1,0 +1,247 @@
+"""Recipe trials for the Multi30k demo, judged on the validation split only.
+
+A trial is `examples/train_multi30k.py` (what `make demo` runs) with its
+recipe options spelled out (model, dropout, vocabulary, schedule, subword
+sampling), trained in the demo's time budget into `runs/trials/NAME`, then
+scored on Multi30k *val*: the trained final model, plus choices made after
+training (average the last 5 or 10 checkpoints or keep the best-BLEU one;
+beam size and length penalty). test2016 is never decoded here.
+
+    python benchmarks/recipe_trials.py list
+    python benchmarks/recipe_trials.py run small_drop0.1 mini_drop0.3   # ~30 min each on 2 cores
+    python benchmarks/recipe_trials.py score demo=runs/multi30k_en_de   # a finished run, e.g. `make demo`'s
+    python benchmarks/recipe_trials.py table                           # -> benchmarks/results/<cpu>/recipe_trials.json
+
+`run` skips trials already scored; `table` collects every scored trial into
+one JSON (options, steps, epochs, validation loss and BLEU, wall time,
+machine) and prints it as a markdown table.
+"""
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+
+TRIALS_DIR = os.path.join(common.ROOT, "runs", "trials")
+SCORES_FILENAME = "val_trial_scores.json"
+
+# Every trial states the whole recipe, so a trial means the same thing whatever the demo's defaults are.
+RECIPE = dict(preset="small", vocab_size=8000, dropout=0.0, label_smoothing=0.1, warmup_steps=400, lr_scale=0.8,
+              subword_sampling=0.0, average_last=5)
+TRIALS = {
+    "small_drop0": dict(RECIPE),
+    "small_drop0.1": dict(RECIPE, dropout=0.1),
+    "mini_drop0.3": dict(RECIPE, preset="mini", dropout=0.3, warmup_steps=800, lr_scale=1.0),
+    "mini_drop0.1": dict(RECIPE, preset="mini", dropout=0.1, warmup_steps=800, lr_scale=1.0),
+    "mini_drop0.3_bpedrop0.1": dict(RECIPE, preset="mini", dropout=0.3, warmup_steps=800, lr_scale=1.0,
+                                    subword_sampling=0.1),
+    "small_drop0.1_bpedrop0.1": dict(RECIPE, dropout=0.1, subword_sampling=0.1),
+    "small_drop0.3_bpedrop0.1": dict(RECIPE, dropout=0.3, subword_sampling=0.1),
+    "small_drop0.1_vocab5k": dict(RECIPE, dropout=0.1, vocab_size=5000),
+    "small_drop0.1_vocab10k": dict(RECIPE, dropout=0.1, vocab_size=10000),
+}
+# What every trial also does: keep 10 checkpoints (to compare averaging 5 and 10) and the best-BLEU one.
+TRIAL_FLAGS = ["--eval-split", "val", "--no-export", "--keep-checkpoints", "10", "--validate-bleu-every", "500",
+               "--keep-best"]
+# Decoding choices tried on each trial's final model (§6.1: beam 4, alpha 0.6).
+SEARCHES = [(4, 0.6), (5, 0.6), (4, 1.0), (5, 1.0), (8, 1.0)]
+
+
+def recipe_flags(recipe):
+    flags = []
+    for key, value in recipe.items():
+        flags += ["--" + key.replace("_", "-"), str(value)]
+    return flags
+
+
+def trial_command(name):
+    """The demo command of trial `name` (relative paths: run it from the repository root)."""
+    return ["examples/train_multi30k.py", "--output", os.path.join("runs", "trials", name), *TRIAL_FLAGS,
+            *recipe_flags(TRIALS[name])]
+
+
+def train_trial(name):
+    """Trains trial `name` with the demo script; returns its wall time in seconds and its command."""
+    output = os.path.join(TRIALS_DIR, name)
+    command = trial_command(name)
+    common.log("python " + " ".join(command))
+    started = time.perf_counter()
+    with open(output + ".log", "a", encoding="utf-8") as log_file:
+        subprocess.run([sys.executable, *command], check=True, stdout=log_file, stderr=subprocess.STDOUT,
+                       cwd=common.ROOT)
+    return time.perf_counter() - started, "python " + " ".join(command)
+
+
+def _translate_val(model, tokenizer, beam, alpha):
+    from keras_transformer.data.corpora import read_lines
+    from keras_transformer.inference.evaluation import corpus_scores
+    from keras_transformer.inference.translator import Translator
+
+    sources, references = read_lines("val", "en"), read_lines("val", "de")
+    started = time.perf_counter()
+    hypotheses = Translator(model, tokenizer, beam_size=beam, alpha=alpha).translate(sources, batch_size=64)
+    scores = corpus_scores(hypotheses, references, lang="de")
+    return dict(beam=beam, alpha=alpha, bleu=round(scores["bleu"], 2), tok_bleu=round(scores["tok_bleu"], 2),
+                chrf=round(scores["chrf"], 2), decode_seconds=round(time.perf_counter() - started, 1))
+
+
+def score_variants(run_dir):
+    """Validation BLEU of the final model under each search, and of the other weight choices at beam 4."""
+    from keras_transformer.run_dir import list_checkpoints, load_run
+    from keras_transformer.training.averaging import average_checkpoints
+
+    model, tokenizer = load_run(run_dir, dtype="float32")
+    final_weights = model.get_weights()
+    variants = {"final": [_translate_val(model, tokenizer, beam, alpha) for beam, alpha in SEARCHES]}
+    checkpoints = [path for _, path in list_checkpoints(run_dir)]
+    choices = {"last": checkpoints[-1:], "average_last_5": checkpoints[-5:]}
+    if len(checkpoints) >= 10:
+        choices["average_last_10"] = checkpoints[-10:]
+    best = os.path.join(run_dir, "checkpoints", "best.weights.h5")
+    for choice, paths in choices.items():
+        model.set_weights(average_checkpoints(paths, model))
+        variants[choice] = [_translate_val(model, tokenizer, 4, 0.6)]
+    if os.path.exists(best):
+        model.set_weights(final_weights)
+        model.load_weights(best)
+        variants["best_val_bleu_checkpoint"] = [_translate_val(model, tokenizer, 4, 0.6)]
+    return variants
+
+
+def _read_csv(path):
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def summarize(name, run_dir, wall_seconds=None, command=None):
+    """One trial's row: its options, how far it trained and how it scores on validation."""
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    history = _read_csv(os.path.join(run_dir, "history.csv"))
+    bleu = _read_csv(os.path.join(run_dir, "bleu.csv"))
+    # The demo script's report: train time, speed and the final model's validation loss, whatever split it scored.
+    report = {}
+    for split in ("val", "test2016"):
+        path = os.path.join(run_dir, f"{split}_scores.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                report = {k: v for k, v in json.load(f).items() if k in ("train_seconds", "tokens_per_sec",
+                                                                           "val_metrics", "step")}
+            break
+    steps_per_epoch = config["data"]["steps_per_epoch"]
+    val_losses = [(int(r["step"]), round(float(r["val_loss"]), 4)) for r in history if r.get("val_loss") not in
+                  (None, "", "NA")]
+    step = int(history[-1]["step"]) if history else None
+    return dict(
+        name=name, run_dir=os.path.relpath(run_dir, common.ROOT), command=command,
+        recipe=TRIALS.get(name), model=config["model"], precision=config.get("precision"),
+        training={k: config["training"].get(k) for k in ("batch_tokens", "time_budget", "warmup_steps", "lr_scale",
+                                                          "subword_sampling", "average_last", "vocab_size", "seed")},
+        steps=step, epochs=round(step / steps_per_epoch, 2) if step else None,
+        train_seconds=report.get("train_seconds"), wall_seconds=round(wall_seconds, 1) if wall_seconds else None,
+        tokens_per_sec=report.get("tokens_per_sec"),
+        final_val_loss=(report.get("val_metrics") or {}).get("loss"),
+        val_loss_per_epoch=val_losses, best_epoch_val_loss=min((v for _, v in val_losses), default=None),
+        val_bleu_during_training=[(int(r["step"]), float(r["bleu"])) for r in bleu if r.get("bleu")],
+        variants=score_variants(run_dir),
+    )
+
+
+def score(name, run_dir, wall_seconds=None, command=None):
+    row = summarize(name, run_dir, wall_seconds, command)
+    row["scored"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    row["machine"] = common.machine_info()
+    row["cpu_flags"] = cpu_flags()
+    # Beside the trials (where `table` looks), also for a run trained elsewhere (`score demo=RUN_DIR`).
+    os.makedirs(os.path.join(TRIALS_DIR, name), exist_ok=True)
+    with open(os.path.join(TRIALS_DIR, name, SCORES_FILENAME), "w", encoding="utf-8") as f:
+        json.dump(row, f, indent=2)
+    final = row["variants"]["final"][0]
+    common.log(f"{name}: {row['steps']} steps ({row['epochs']} epochs), val loss {row['final_val_loss']}, "
+               f"val BLEU {final['bleu']} / tokenized {final['tok_bleu']}")
+    return row
+
+
+def cpu_flags():
+    from keras_transformer.training.strategy import cpu_flags as flags
+
+    return sorted(flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
+
+
+def table(rows):
+    headers = ["trial", "steps", "epochs", "train min", "val loss", "val BLEU", "val tok BLEU", "avg10 tok",
+               "best-ckpt tok", "best search (tok)"]
+    lines = []
+    for row in rows:
+        v = row["variants"]
+        best_search = max(v["final"], key=lambda s: s["tok_bleu"])
+        lines.append([
+            row["name"], row["steps"], row["epochs"], round((row["train_seconds"] or 0) / 60, 1),
+            row["final_val_loss"] and round(row["final_val_loss"], 3), v["final"][0]["bleu"], v["final"][0]["tok_bleu"],
+            v.get("average_last_10", [{}])[0].get("tok_bleu", "-"),
+            v.get("best_val_bleu_checkpoint", [{}])[0].get("tok_bleu", "-"),
+            f"beam {best_search['beam']} alpha {best_search['alpha']}: {best_search['tok_bleu']}",
+        ])
+    return common.markdown_table(headers, lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    sub.add_parser("list", help="the trials and their recipes")
+    run = sub.add_parser("run", help="train and score trials (skips scored ones)")
+    run.add_argument("names", nargs="+", choices=sorted(TRIALS))
+    scored = sub.add_parser("score", help="score finished run directories on validation")
+    scored.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
+    scored.add_argument("--command", help="how the run was made (default: the trial's command, for a trial name)")
+    out = sub.add_parser("table", help="collect the scored trials into one JSON")
+    out.add_argument("--json", default=None, help="default benchmarks/results/<cpu>/recipe_trials.json")
+    args = parser.parse_args(argv)
+    common.quiet_tensorflow()
+
+    if args.action == "list":
+        for name, recipe in TRIALS.items():
+            print(f"{name}: {' '.join(recipe_flags(recipe))}")
+    elif args.action == "run":
+        for name in args.names:
+            run_dir = os.path.join(TRIALS_DIR, name)
+            if os.path.exists(os.path.join(run_dir, SCORES_FILENAME)):
+                common.log(f"{name}: already scored, skipped")
+                continue
+            os.makedirs(TRIALS_DIR, exist_ok=True)
+            wall, command = train_trial(name)
+            score(name, run_dir, wall, command)
+    elif args.action == "score":
+        for item in args.runs:
+            name, _, run_dir = item.partition("=")
+            command = args.command or ("python " + " ".join(trial_command(name)) if name in TRIALS else None)
+            score(name, run_dir, command=command)
+    else:
+        rows = []
+        for name in sorted(os.listdir(TRIALS_DIR)):
+            path = os.path.join(TRIALS_DIR, name, SCORES_FILENAME)
+            if os.path.exists(path):
+                rows.append(json.load(open(path, encoding="utf-8")))
+        target = args.json or os.path.join(common.ROOT, "benchmarks", "results",
+                                           "avx512_bf16" if "avx512_bf16" in cpu_flags() else "avx2",
+                                           "recipe_trials.json")
+        payload = dict(command="python benchmarks/recipe_trials.py table", date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                       versions=common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu"]),
+                       note="validation split only (Multi30k val, 1,014 sentences); test2016 is never decoded here",
+                       trials=rows)
+        common.write_json(target, payload)
+        print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
