@@ -24,6 +24,7 @@ tensor2tensor and fairseq).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Sequence
@@ -181,10 +182,8 @@ def make_batches(
             Default: the dataset size if known and <= ``MAX_DEFAULT_POOL_SIZE``
             (one pool per epoch), else ``max(32768, 4 * batch_tokens)``.
             Rounded up to a multiple of 1024 if larger.
-        sampling_alpha: subword regularization: above 0, every pass segments
-            each sentence anew at random (``Tokenizer.tokenize``'s
-            ``sampling_alpha``: the BPE-dropout probability for BPE models).
-            Batches are then not reproducible by ``seed`` alone.
+        sampling_alpha: above 0, each pass segments every sentence anew at random
+            (``Tokenizer.tokenize``'s ``sampling_alpha``; not reproducible by ``seed``).
 
     Returns:
         ``tf.data.Dataset`` of ``((source_ids, target_input_ids), target_output_ids)``,
@@ -215,14 +214,12 @@ def make_batches(
     if repeat:
         dataset = dataset.repeat()
 
+    tokenize = functools.partial(tokenizer.tokenize, sampling_alpha=sampling_alpha) if sampling_alpha else (
+        tokenizer.tokenize)
+
     def tokenize_chunk(sources, targets):
         # One SentencePiece call per chunk is much faster than one per sentence.
-        if sampling_alpha:
-            src = tokenizer.tokenize(sources, sampling_alpha=sampling_alpha)
-            tgt = tokenizer.tokenize(targets, sampling_alpha=sampling_alpha)
-        else:
-            src = tokenizer.tokenize(sources)
-            tgt = tokenizer.tokenize(targets)
+        src, tgt = tokenize(sources), tokenize(targets)
         if truncate:
             src = src[:, : max_length - 1]
             tgt = tgt[:, : max_length - 1]
