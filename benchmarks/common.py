@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import sys
 import time
@@ -280,9 +281,32 @@ def results_payload(results: List[Result], units: List[str]):
     return payload
 
 
+def cpu_flags():
+    """The CPU features that decide which precision is fast here (what a figure's machine is named by)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        flags = set()
+    return sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
+
+
+def provenance():
+    """How a results file was made: the command line, the date, the CPU flags and the load when it was written."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT) if sys.argv and sys.argv[0] else "?"
+    return {
+        "command": " ".join(["python", script] + [shlex.quote(a) for a in sys.argv[1:]]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cpu_flags": cpu_flags(),
+        "load_average_at_write": load_average(),
+    }
+
+
 def write_json(path, payload):
+    """Writes `payload` with its provenance (command, date, CPU flags, load; the payload's own keys win)."""
     if not path:
         return
+    payload = {**provenance(), **payload}
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

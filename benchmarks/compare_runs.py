@@ -28,13 +28,6 @@ from keras_transformer.data.corpora import read_lines  # noqa: E402
 from keras_transformer.inference.evaluation import corpus_scores  # noqa: E402
 
 
-def cpu_flags():
-    """The bfloat16-relevant CPU flags (what decides the demo's precision and speed)."""
-    from keras_transformer.training.strategy import cpu_flags as flags
-
-    return sorted(flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
-
-
 def read_run(run_dir, split="test2016"):
     with open(os.path.join(run_dir, "history.csv"), newline="", encoding="utf-8") as f:
         history = list(csv.DictReader(f))
@@ -52,6 +45,9 @@ def read_run(run_dir, split="test2016"):
         "val_loss_per_epoch": [(int(r["step"]), round(float(r["val_loss"]), 4)) for r in history if r.get("val_loss")],
         "test2016": {key: scores[key] for key in ("bleu", "tok_bleu", "chrf", "bleu_signature", "tok_bleu_signature")},
         "test2016_as_reported_by_the_run": {key: report.get(key) for key in ("bleu", "tok_bleu", "chrf")},
+        # What the demo (examples/train_multi30k.py) records about itself, where the run has it.
+        **{key: report[key] for key in ("command", "epochs", "decode_seconds", "wall_seconds", "peak_rss_mb",
+                                        "best_val_bleu", "machine", "training") if key in report},
     }
 
 
@@ -74,7 +70,7 @@ def main(argv=None):
                                                                      + [f"--note '{n}'" for n in args.note]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": common.machine_info(),
-        "cpu_flags": cpu_flags(),
+        "cpu_flags": common.cpu_flags(),
         "versions": common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu", "sacremoses"]),
         "runs": runs,
     }

@@ -160,7 +160,7 @@ def score(name, run_dir, wall_seconds=None, command=None):
     row = summarize(name, run_dir, wall_seconds, command)
     row["scored"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     row["machine"] = common.machine_info()
-    row["cpu_flags"] = cpu_flags()
+    row["cpu_flags"] = common.cpu_flags()
     # Beside the trials (where `table` looks), also for a run trained elsewhere (`score demo=RUN_DIR`).
     os.makedirs(os.path.join(TRIALS_DIR, name), exist_ok=True)
     with open(os.path.join(TRIALS_DIR, name, SCORES_FILENAME), "w", encoding="utf-8") as f:
@@ -171,10 +171,6 @@ def score(name, run_dir, wall_seconds=None, command=None):
     return row
 
 
-def cpu_flags():
-    from keras_transformer.training.strategy import cpu_flags as flags
-
-    return sorted(flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
 
 
 def table(rows):
@@ -233,7 +229,7 @@ def main(argv=None):
             if os.path.exists(path):
                 rows.append(json.load(open(path, encoding="utf-8")))
         target = args.json or os.path.join(common.ROOT, "benchmarks", "results",
-                                           "avx512_bf16" if "avx512_bf16" in cpu_flags() else "avx2",
+                                           "avx512_bf16" if "avx512_bf16" in common.cpu_flags() else "avx2",
                                            "recipe_trials.json")
         payload = dict(command="python benchmarks/recipe_trials.py table", date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                        versions=common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu"]),
