@@ -202,6 +202,9 @@ def main(argv=None):
     scored.add_argument("--command", help="how the run was made (default: the trial's command, for a trial name)")
     out = sub.add_parser("table", help="collect the scored trials into one JSON")
     out.add_argument("--json", default=None, help="default benchmarks/results/<cpu>/recipe_trials.json")
+    out.add_argument("--trials-dir", default=TRIALS_DIR, help="where the trials are (default %(default)s)")
+    out.add_argument("--note", action="append", default=[], metavar="NAME=TEXT",
+                     help="a remark recorded with a trial, e.g. that it was stopped early")
     args = parser.parse_args(argv)
     common.quiet_tensorflow()
 
@@ -223,16 +226,19 @@ def main(argv=None):
             command = args.command or ("python " + " ".join(trial_command(name)) if name in TRIALS else None)
             score(name, run_dir, command=command)
     else:
+        notes = dict(item.partition("=")[::2] for item in args.note)
         rows = []
-        for name in sorted(os.listdir(TRIALS_DIR)):
-            path = os.path.join(TRIALS_DIR, name, SCORES_FILENAME)
+        for name in sorted(os.listdir(args.trials_dir)):
+            path = os.path.join(args.trials_dir, name, SCORES_FILENAME)
             if os.path.exists(path):
-                rows.append(json.load(open(path, encoding="utf-8")))
+                with open(path, encoding="utf-8") as f:
+                    rows.append(json.load(f))
+                if name in notes:
+                    rows[-1]["note"] = notes[name]
         target = args.json or os.path.join(common.ROOT, "benchmarks", "results",
                                            "avx512_bf16" if "avx512_bf16" in common.cpu_flags() else "avx2",
                                            "recipe_trials.json")
-        payload = dict(command="python benchmarks/recipe_trials.py table", date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       versions=common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu"]),
+        payload = dict(versions=common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu"]),
                        note="validation split only (Multi30k val, 1,014 sentences); test2016 is never decoded here",
                        trials=rows)
         common.write_json(target, payload)

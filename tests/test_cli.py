@@ -93,6 +93,25 @@ def test_evaluate_prints_json_with_signatures(tiny_run_dir, capsys, tmp_path):
     assert result["bleu_signature"].startswith("nrefs:1") and "chrf_signature" in result
 
 
+def test_evaluate_on_a_shipped_multi30k_split(tiny_run_dir, capsys, tmp_path, monkeypatch):
+    from keras_transformer.data import corpora
+
+    # The first 3 pairs of val stand for the split, to keep the tiny model's decoding short.
+    real = corpora.read_lines
+    monkeypatch.setattr(corpora, "read_lines", lambda split, lang: real(split, lang)[:3])
+    output = tmp_path / "hyp.de"
+    result = json.loads(run_cli(["evaluate", "--model", tiny_run_dir, "--multi30k", "val", "--max-extra-length",
+                                 "3", "--output", str(output)], capsys).out)
+    sources, references = real("val", "en")[:3], real("val", "de")[:3]
+    expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(sources)
+    assert output.read_text(encoding="utf-8") == "\n".join(expected) + "\n"
+    assert result["bleu"] == pytest.approx(corpus_scores(expected, references)["bleu"])
+    assert result["data"] == "multi30k:val en->de" and result["sentences"] == 3
+    for argv, message in [([], "give --src and --ref"), (["--multi30k", "val", "--src", "x"], "not both")]:
+        with pytest.raises(SystemExit, match=message):
+            cli.main(["evaluate", "--model", tiny_run_dir, *argv])
+
+
 def test_evaluate_refuses_misaligned_files(tiny_run_dir, tmp_path):
     src, ref = tmp_path / "src.en", tmp_path / "ref.de"
     src.write_text("a\nb\n", encoding="utf-8")

@@ -14,7 +14,7 @@ import pytest
 from keras_transformer import cli, training
 from keras_transformer.cli import train as train_cli
 
-DEMO_DEFAULTS = dict(overrides={"dropout": 0.0})  # what examples/train_multi30k.py passes
+DEMO_DEFAULTS = dict(overrides={"dropout": 0.0})  # a command's own default, as an example script may pass
 
 
 def parsed(argv, defaults=None):

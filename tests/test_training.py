@@ -567,21 +567,27 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     assert info["metadata"]["machine"] == saved["machine"] and info["metadata"]["step"] == 6
 
 
-def test_demo_trains_without_dropout_unless_asked():
-    """The demo's own defaults reach the model config, and the command line still overrides them."""
+def test_demo_recipe_reaches_the_run_and_flags_override_it():
+    """The demo's recipe (chosen on validation) reaches the model and the run; the command line overrides it."""
     import argparse
 
     spec = importlib.util.spec_from_file_location("train_multi30k", ROOT / "examples" / "train_multi30k.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     parser = example.build_parser()
-    demo = train_cli.args_from_namespace(parser.parse_args([]))
-    assert demo.model_config().dropout == 0.0 and demo.time_budget == 27.5 and demo.precision == "auto"
-    assert train_cli.args_from_namespace(parser.parse_args(["--dropout", "0.1"])).model_config().dropout == 0.1
-    assert "default here 0.0" in parser.format_help()
-    # The library and the CLI keep the paper's P_drop = 0.1 (§5.4).
-    cli = train_cli.add_training_arguments(argparse.ArgumentParser())
-    assert train_cli.args_from_namespace(cli.parse_args([])).model_config().dropout == 0.1
+    namespace = parser.parse_args([])
+    demo = train_cli.args_from_namespace(namespace)
+    config = demo.model_config()
+    assert (config.num_layers, config.d_model, config.dropout, config.label_smoothing) == (3, 256, 0.1, 0.1)
+    assert (demo.time_budget, demo.precision, demo.average_last, demo.keep_checkpoints) == (27.5, "auto", 10, 10)
+    assert (demo.warmup_steps, demo.lr_scale, demo.validate_bleu_every) == (400, 0.8, 500)
+    assert (namespace.beam, namespace.alpha) == (example.DEMO_BEAM_SIZE, example.DEMO_ALPHA)
+    overridden = parser.parse_args(["--dropout", "0.3", "--average-last", "5", "--beam", "4", "--alpha", "0.6"])
+    assert train_cli.args_from_namespace(overridden).model_config().dropout == 0.3
+    assert (overridden.beam, overridden.alpha, train_cli.args_from_namespace(overridden).average_last) == (4, 0.6, 5)
+    # The library and the CLI keep the paper's schedule: warmup 4000, no scale (§5.3).
+    cli = train_cli.args_from_namespace(train_cli.add_training_arguments(argparse.ArgumentParser()).parse_args([]))
+    assert (cli.warmup_steps, cli.lr_scale, cli.model_config().dropout) == (4000, 1.0, 0.1)
 
 
 def test_wmt14_example_has_the_papers_recipes(capsys):

@@ -10,8 +10,12 @@ def register(subparsers):
         "evaluate", help="corpus sacreBLEU and chrF of a model on a test set, as JSON",
     )
     add_model_options(parser)
-    parser.add_argument("--src", required=True, help="source sentences, one per line")
-    parser.add_argument("--ref", required=True, help="reference translations, one per line")
+    parser.add_argument("--src", help="source sentences, one per line")
+    parser.add_argument("--ref", help="reference translations, one per line")
+    parser.add_argument("--multi30k", metavar="SPLIT", choices=("val", "test2016"),
+                        help="instead of --src/--ref: the shipped Multi30k split (val or test2016), from "
+                             "--src-lang to --tgt-lang")
+    parser.add_argument("--src-lang", default="en", help="source language of --multi30k (default en)")
     parser.add_argument("--tgt-lang", default="de", help="target language for Moses tokenization (default de)")
     parser.add_argument("--output", help="also write the translations to this file")
     parser.add_argument("--progress", action="store_true", help="progress bar on stderr")
@@ -21,16 +25,27 @@ def register(subparsers):
 def run(args):
     from keras_transformer.inference.evaluation import corpus_scores
 
-    with open(args.src, encoding="utf-8") as f:
-        sources = [line.rstrip("\n") for line in f]
-    with open(args.ref, encoding="utf-8") as f:
-        references = [line.rstrip("\n") for line in f]
+    if args.multi30k:
+        if args.src or args.ref:
+            raise SystemExit("evaluate: give --multi30k SPLIT or --src and --ref, not both.")
+        from keras_transformer.data.corpora import read_lines
+
+        sources, references = read_lines(args.multi30k, args.src_lang), read_lines(args.multi30k, args.tgt_lang)
+    elif not (args.src and args.ref):
+        raise SystemExit("evaluate: give --src and --ref (files), or --multi30k SPLIT.")
+    else:
+        with open(args.src, encoding="utf-8") as f:
+            sources = [line.rstrip("\n") for line in f]
+        with open(args.ref, encoding="utf-8") as f:
+            references = [line.rstrip("\n") for line in f]
     if len(sources) != len(references):
         raise SystemExit(f"evaluate: {args.src} has {len(sources)} lines but {args.ref} has {len(references)}.")
     translator = load_translator(args)
     hypotheses = translator.translate(sources, batch_size=args.batch_size, progress=args.progress)
     result = corpus_scores(hypotheses, references, lang=args.tgt_lang)
     result.update(model=args.model, sentences=len(sources))
+    if args.multi30k:
+        result["data"] = f"multi30k:{args.multi30k} {args.src_lang}->{args.tgt_lang}"
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write("\n".join(hypotheses) + "\n")
