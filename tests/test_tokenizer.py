@@ -196,6 +196,18 @@ def test_sampling_alpha_samples_segmentations_of_the_same_text(tokenizer, val_se
     assert coarse > sum(map(len, lists[0]))
 
 
+def test_a_sampling_tokenizer_still_saves_as_before(tokenizer, tmp_path):
+    tokenizer.tokenize(["A dog."], sampling_alpha=0.3)  # creates a sampler
+    module = tf.Module()
+    module.tokenizer = tokenizer
+    module.encode = tf.function(lambda s: tokenizer.tokenize(s).to_tensor(),
+                                input_signature=[tf.TensorSpec([None], tf.string)])
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    expected = tokenizer.tokenize(["A dog runs."]).to_tensor().numpy()
+    np.testing.assert_array_equal(loaded.encode(tf.constant(["A dog runs."])).numpy(), expected)
+
+
 def test_sampling_alpha_works_in_tf_data_and_rejects_bad_values(tokenizer, val_sentences):
     dataset = tf.data.Dataset.from_tensor_slices(val_sentences[:64]).batch(32).map(
         lambda s: tokenizer.tokenize(s, sampling_alpha=0.2).to_tensor())

@@ -105,7 +105,9 @@ class Tokenizer(tf.Module):
         shared_name = "keras_transformer_spm_" + hashlib.sha256(proto).hexdigest()[:24]
         self._resource = compat.shared_sentencepiece_resource(proto, shared_name)
         compat.attach_sentencepiece_resource(self._sp, self._resource)
-        self._samplers = {}  # sampling_alpha -> tf_text tokenizer sharing the model resource
+        # sampling_alpha -> a tf_text tokenizer on the same model resource. Set past tf.Module's attribute
+        # tracking: samplers are for training input, and a SavedModel of this tokenizer needs none of them.
+        object.__setattr__(self, "_samplers", {})
 
     # -- properties ---------------------------------------------------------
     @property
