@@ -14,6 +14,23 @@ setup(
     license="Apache-2.0",
     license_files=["LICENSE", "NOTICE"],
     python_requires=">=3.10",
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Science/Research",
+        "Intended Audience :: Developers",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Text Processing :: Linguistic",
+    ],
+    project_urls={
+        "Paper": "https://arxiv.org/abs/1706.03762",
+    },
     packages=find_packages(include=["keras_transformer", "keras_transformer.*"]),
     package_data={"keras_transformer": ["data/*/*.gz", "data/*/README.md"]},
     install_requires=[

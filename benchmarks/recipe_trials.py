@@ -44,6 +44,8 @@ TRIALS = {
                                     subword_sampling=0.1),
     "small_drop0.1_bpedrop0.1": dict(RECIPE, dropout=0.1, subword_sampling=0.1),
     "small_drop0.3_bpedrop0.1": dict(RECIPE, dropout=0.3, subword_sampling=0.1),
+    "small_drop0.1_lr1.2": dict(RECIPE, dropout=0.1, lr_scale=1.2),
+    "small_drop0.2": dict(RECIPE, dropout=0.2),
     "small_drop0.1_vocab5k": dict(RECIPE, dropout=0.1, vocab_size=5000),
     "small_drop0.1_vocab10k": dict(RECIPE, dropout=0.1, vocab_size=10000),
 }
