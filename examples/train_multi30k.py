@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import sys
 import time
 
@@ -126,7 +127,7 @@ def main(argv=None):
     parser = build_parser()
     namespace = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args = train_cli.args_from_namespace(namespace)
-    command = "python examples/train_multi30k.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python examples/train_multi30k.py " + shlex.join(sys.argv[1:] if argv is None else argv)
 
     job_started = started = time.perf_counter()
     result = training.train(args)
@@ -169,9 +170,10 @@ def main(argv=None):
     report["export_path"] = None
     if namespace.export:
         metadata = {key: report[key] for key in ("command", "machine", "date", "step", "epochs", "train_seconds",
-                                                  "val_metrics", "best_val_bleu")}
+                                                  "val_metrics", "best_val_bleu", "beam", "alpha", "sentences")}
         metadata[namespace.eval_split] = {key: scores[key] for key in scores}
-        path = export_saved_model(result.run_dir, namespace.export_dir, metadata=metadata)
+        path = export_saved_model(result.run_dir, namespace.export_dir, beam_size=namespace.beam, alpha=namespace.alpha,
+                                  metadata=metadata)
         report["export_path"] = str(path)
         print(f"Exported SavedModel to {path}")
     # The whole job, training to export; the peak resident memory of this process.

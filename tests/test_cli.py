@@ -107,7 +107,8 @@ def test_evaluate_on_a_shipped_multi30k_split(tiny_run_dir, capsys, tmp_path, mo
     assert output.read_text(encoding="utf-8") == "\n".join(expected) + "\n"
     assert result["bleu"] == pytest.approx(corpus_scores(expected, references)["bleu"])
     assert result["data"] == "multi30k:val en->de" and result["sentences"] == 3
-    for argv, message in [([], "give --src and --ref"), (["--multi30k", "val", "--src", "x"], "not both")]:
+    for argv, message in [([], "give --src and --ref"), (["--multi30k", "val", "--src", "x"], "not both"),
+                          (["--multi30k", "val", "--src-lang", "xx"], "--multi30k val: .*xx")]:
         with pytest.raises(SystemExit, match=message):
             cli.main(["evaluate", "--model", tiny_run_dir, *argv])
 

@@ -44,7 +44,6 @@ def test_wheel_ships_the_licenses_the_data_and_no_tests(wheel):
 def test_metadata_reads_well_on_a_package_index(wheel):
     metadata = _metadata(wheel)
     assert metadata["Requires-Python"] == ">=3.10"
-    assert sys.version_info >= (3, 10)  # the tests run on a Python the package accepts
     classifiers = metadata.get_all("Classifier")
     assert "License :: OSI Approved :: Apache Software License" in classifiers
     assert f"Programming Language :: Python :: {sys.version_info.major}.{sys.version_info.minor}" in classifiers

@@ -214,5 +214,6 @@ def test_sampling_alpha_works_in_tf_data_and_rejects_bad_values(tokenizer, val_s
     rows = [tuple(r[r > 0]) for batch in dataset for r in batch.numpy()]
     again = [tuple(r[r > 0]) for batch in dataset for r in batch.numpy()]
     assert rows != again  # every pass samples anew
-    with pytest.raises(ValueError, match="sampling_alpha"):
-        tokenizer.tokenize(["A dog."], sampling_alpha=1.0)
+    for bad in (1.5, -0.1):
+        with pytest.raises(ValueError, match="sampling_alpha"):
+            tokenizer.tokenize(["A dog."], sampling_alpha=bad)

@@ -430,7 +430,7 @@ def test_subword_sampling_segments_training_pairs_anew_but_not_validation(spm500
     assert sum(map(len, sampled)) / len(sampled) > sum(map(len, plain)) / len(plain)
     assert sampled_validation == plain_validation  # validation keeps the best segmentation
     with pytest.raises(ValueError, match="subword_sampling"):
-        training.TrainingArgs(subword_sampling=1.0)
+        training.TrainingArgs(subword_sampling=1.5)
 
 
 def test_fit_plan_finishes_an_interrupted_epoch_first():
@@ -565,6 +565,9 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     assert info["training"]["max_steps"] == 6
     assert info["metadata"]["test2016"]["tok_bleu"] == report["tok_bleu"]
     assert info["metadata"]["machine"] == saved["machine"] and info["metadata"]["step"] == 6
+    # ... and decodes as the scores were made (the demo's beam and length penalty).
+    assert (info["decoding"]["beam_size"], info["decoding"]["alpha"]) == (report["beam"], report["alpha"])
+    assert (info["metadata"]["beam"], info["metadata"]["alpha"]) == (report["beam"], report["alpha"])
 
 
 def test_demo_recipe_reaches_the_run_and_flags_override_it():

@@ -16,7 +16,8 @@ def register(subparsers):
                         help="instead of --src/--ref: the shipped Multi30k split (val or test2016), from "
                              "--src-lang to --tgt-lang")
     parser.add_argument("--src-lang", default="en", help="source language of --multi30k (default en)")
-    parser.add_argument("--tgt-lang", default="de", help="target language for Moses tokenization (default de)")
+    parser.add_argument("--tgt-lang", default="de",
+                        help="target language: Moses tokenization, and the reference side of --multi30k (default de)")
     parser.add_argument("--output", help="also write the translations to this file")
     parser.add_argument("--progress", action="store_true", help="progress bar on stderr")
     parser.set_defaults(func=run)
@@ -30,7 +31,10 @@ def run(args):
             raise SystemExit("evaluate: give --multi30k SPLIT or --src and --ref, not both.")
         from keras_transformer.data.corpora import read_lines
 
-        sources, references = read_lines(args.multi30k, args.src_lang), read_lines(args.multi30k, args.tgt_lang)
+        try:
+            sources, references = read_lines(args.multi30k, args.src_lang), read_lines(args.multi30k, args.tgt_lang)
+        except ValueError as error:
+            raise SystemExit(f"evaluate --multi30k {args.multi30k}: {error}") from None
     elif not (args.src and args.ref):
         raise SystemExit("evaluate: give --src and --ref (files), or --multi30k SPLIT.")
     else:

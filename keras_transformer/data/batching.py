@@ -136,7 +136,8 @@ def make_batches(
     pairs and, per pool, sort them into buckets and cut each bucket into
     batches (vectorized, like fairseq/tensor2tensor's sort-then-batch; far
     cheaper than per-sentence ``group_by_window``) -> pad each batch to its
-    boundary -> prefetch. Deterministic for a given ``seed``.
+    boundary -> prefetch. Deterministic for a given ``seed`` (unless
+    ``sampling_alpha`` samples segmentations).
 
     Batches come out in the order ``group_by_window`` would give: a batch is
     emitted at the position of its last pair in the (shuffled) input, so

@@ -152,8 +152,8 @@ class Tokenizer(tf.Module):
         return self._sampling_tokenizer(float(sampling_alpha)).tokenize(strings)
 
     def _sampling_tokenizer(self, alpha):
-        if not 0.0 < alpha < 1.0:
-            raise ValueError(f"sampling_alpha must be in [0, 1), got {alpha!r}.")
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"sampling_alpha must be in [0, 1], got {alpha!r}.")
         if alpha not in self._samplers:
             # nbest_size=-1: sample from all segmentations (unigram); BPE models ignore it.
             sampler = tf_text.SentencepieceTokenizer(

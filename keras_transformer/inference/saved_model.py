@@ -276,8 +276,9 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
             float32 [B, n_best], best first (n_best at most the beam size).
         metadata: a JSON-serializable dict recorded as `metadata` in the
             export's `assets/export.json` (e.g. the scores and the machine of
-            the run it comes from). A run directory's training options are
-            recorded there as `training` in any case.
+            the run it comes from). The training options of a run directory
+            (those of its `config.json`: the first run's; a resume's changes
+            are in `resumes.jsonl`) are recorded as `training`.
 
     Returns:
         `output_dir/<version>` (str).

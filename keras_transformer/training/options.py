@@ -165,8 +165,8 @@ class TrainingArgs:
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
         if self.keep_checkpoints < 1 or self.average_last < 0:
             raise ValueError("keep_checkpoints must be >= 1 and average_last >= 0.")
-        if isinstance(self.subword_sampling, bool) or not 0.0 <= self.subword_sampling < 1.0:
-            raise ValueError(f"subword_sampling must be in [0, 1), got {self.subword_sampling!r}.")
+        if isinstance(self.subword_sampling, bool) or not 0.0 <= self.subword_sampling <= 1.0:
+            raise ValueError(f"subword_sampling must be in [0, 1], got {self.subword_sampling!r}.")
         if not self.lr_scale > 0:
             raise ValueError(f"lr_scale must be positive, got {self.lr_scale!r}.")
 

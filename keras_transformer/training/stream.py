@@ -1,4 +1,8 @@
-"""The training data as a deterministic stream of token-budget batches (§5.1), and where step N is in it."""
+"""The training data as a deterministic stream of token-budget batches (§5.1), and where step N is in it.
+
+Deterministic for a given seed unless `subword_sampling` segments the training
+sentences at random (SentencePiece's own random generator).
+"""
 
 from __future__ import annotations
 
@@ -70,9 +74,10 @@ class TrainingData:
             return self.args.steps_per_epoch or 1000
         # Exact for in-memory passes; for a large in-memory corpus streamed in
         # several pools, close (a few partial batches per pool are dropped).
-        # With subword sampling, a pass's batch count varies around this one
-        # (the best segmentation's): Keras' epochs then end near, not at, the
-        # end of a pass, and a resumed run continues with new samples.
+        # With subword sampling, sentences are segmented into more pieces than
+        # here, so a pass has more batches than this count: Keras' epochs end
+        # before the end of a pass, "epochs" count steps rather than passes,
+        # and a resumed run continues at an approximate place with new samples.
         return count_batches_per_epoch(self.tensors, self.tokenizer, self.args.batch_tokens,
                                        self.max_length, self.num_replicas)
 
