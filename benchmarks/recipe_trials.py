@@ -94,14 +94,20 @@ def _translate_val(model, tokenizer, beam, alpha):
                 chrf=round(scores["chrf"], 2), decode_seconds=round(time.perf_counter() - started, 1))
 
 
-def score_variants(run_dir):
-    """Validation BLEU of the final model under each search, and of the other weight choices at beam 4."""
+def score_variants(run_dir, only_final=False):
+    """Validation BLEU of the final model under each search, and of the other weight choices at beam 4.
+
+    `only_final`: just the final model (the latest checkpoint of a stopped run) at beam 4, alpha 0.6.
+    """
     from keras_transformer.run_dir import list_checkpoints, load_run
     from keras_transformer.training.averaging import average_checkpoints
 
     model, tokenizer = load_run(run_dir, dtype="float32")
     final_weights = model.get_weights()
-    variants = {"final": [_translate_val(model, tokenizer, beam, alpha) for beam, alpha in SEARCHES]}
+    searches = SEARCHES[:1] if only_final else SEARCHES
+    variants = {"final": [_translate_val(model, tokenizer, beam, alpha) for beam, alpha in searches]}
+    if only_final:
+        return variants
     checkpoints = [path for _, path in list_checkpoints(run_dir)]
     choices = {"last": checkpoints[-1:], "average_last_5": checkpoints[-5:]}
     if len(checkpoints) >= 10:
@@ -124,7 +130,7 @@ def _read_csv(path):
         return list(csv.DictReader(f))
 
 
-def summarize(name, run_dir, wall_seconds=None, command=None):
+def summarize(name, run_dir, wall_seconds=None, command=None, only_final=False):
     """One trial's row: its options, how far it trained and how it scores on validation."""
     with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
@@ -153,13 +159,14 @@ def summarize(name, run_dir, wall_seconds=None, command=None):
         tokens_per_sec=report.get("tokens_per_sec"),
         final_val_loss=(report.get("val_metrics") or {}).get("loss"),
         val_loss_per_epoch=val_losses, best_epoch_val_loss=min((v for _, v in val_losses), default=None),
+        tokens_per_sec_per_epoch=[round(float(r["tokens_per_sec"])) for r in history if r.get("tokens_per_sec")],
         val_bleu_during_training=[(int(r["step"]), float(r["bleu"])) for r in bleu if r.get("bleu")],
-        variants=score_variants(run_dir),
+        variants=score_variants(run_dir, only_final),
     )
 
 
-def score(name, run_dir, wall_seconds=None, command=None):
-    row = summarize(name, run_dir, wall_seconds, command)
+def score(name, run_dir, wall_seconds=None, command=None, only_final=False):
+    row = summarize(name, run_dir, wall_seconds, command, only_final)
     row["scored"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     row["machine"] = common.machine_info()
     row["cpu_flags"] = common.cpu_flags()
@@ -202,6 +209,8 @@ def main(argv=None):
     scored = sub.add_parser("score", help="score finished run directories on validation")
     scored.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
     scored.add_argument("--command", help="how the run was made (default: the trial's command, for a trial name)")
+    scored.add_argument("--only-final", action="store_true",
+                        help="score only the final weights at beam 4 (e.g. a trial stopped early)")
     out = sub.add_parser("table", help="collect the scored trials into one JSON")
     out.add_argument("--json", default=None, help="default benchmarks/results/<cpu>/recipe_trials.json")
     out.add_argument("--trials-dir", default=TRIALS_DIR, help="where the trials are (default %(default)s)")
@@ -226,7 +235,7 @@ def main(argv=None):
         for item in args.runs:
             name, _, run_dir = item.partition("=")
             command = args.command or ("python " + " ".join(trial_command(name)) if name in TRIALS else None)
-            score(name, run_dir, command=command)
+            score(name, run_dir, command=command, only_final=args.only_final)
     else:
         notes = dict(item.partition("=")[::2] for item in args.note)
         rows = []
