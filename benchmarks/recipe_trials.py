@@ -246,6 +246,9 @@ def main(argv=None):
                     rows.append(json.load(f))
                 if name in notes:
                     rows[-1]["note"] = notes[name]
+                if "tokens_per_sec_per_epoch" not in rows[-1]:  # rows scored before the field existed
+                    history = _read_csv(os.path.join(args.trials_dir, name, "history.csv"))
+                    rows[-1]["tokens_per_sec_per_epoch"] = [round(float(r["tokens_per_sec"])) for r in history]
         target = args.json or os.path.join(common.ROOT, "benchmarks", "results",
                                            "avx512_bf16" if "avx512_bf16" in common.cpu_flags() else "avx2",
                                            "recipe_trials.json")
