@@ -283,12 +283,9 @@ def results_payload(results: List[Result], units: List[str]):
 
 def cpu_flags():
     """The CPU features that decide which precision is fast here (what a figure's machine is named by)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        flags = set()
-    return sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
+    from keras_transformer.training.strategy import cpu_flags as all_flags
+
+    return sorted(all_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
 
 
 def provenance():

@@ -16,7 +16,6 @@ import csv
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,12 +64,9 @@ def main(argv=None):
     for item in args.note:
         name, _, text = item.partition("=")
         runs[name]["how"] = text
+    # common.write_json adds the command, the date, the CPU flags and the load.
     payload = {
-        "command": "python benchmarks/compare_runs.py " + " ".join(args.runs + (["--json", args.json] if args.json else [])
-                                                                     + [f"--note '{n}'" for n in args.note]),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": common.machine_info(),
-        "cpu_flags": common.cpu_flags(),
         "versions": common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu", "sacremoses"]),
         "runs": runs,
     }

@@ -38,6 +38,7 @@ from keras_transformer.data import corpora  # noqa: E402
 from keras_transformer.inference.evaluation import corpus_scores, format_scores  # noqa: E402
 from keras_transformer.inference.saved_model import export_saved_model  # noqa: E402
 from keras_transformer.inference.translator import Translator  # noqa: E402
+from keras_transformer.run_dir import read_config  # noqa: E402
 
 # The demo's recipe, chosen on the validation split by benchmarks/recipe_trials.py
 # (results: benchmarks/results/avx512_bf16/recipe_trials.json). It is the
@@ -125,9 +126,10 @@ def versions():
 
 def main(argv=None):
     parser = build_parser()
-    namespace = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    namespace = parser.parse_args(argv)
     args = train_cli.args_from_namespace(namespace)
-    command = "python examples/train_multi30k.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python examples/train_multi30k.py " + shlex.join(argv)
 
     job_started = started = time.perf_counter()
     result = training.train(args)
@@ -157,7 +159,7 @@ def main(argv=None):
         split=namespace.eval_split, step=result.step, beam=namespace.beam,
         alpha=namespace.alpha, train_seconds=round(train_seconds, 1), decode_seconds=round(decode_seconds, 1),
         tokens_per_sec=result.tokens_per_sec, val_metrics=result.val_metrics, **scores,
-        epochs=round(result.step / _steps_per_epoch(result.run_dir), 2),
+        epochs=round(result.step / read_config(result.run_dir)["data"]["steps_per_epoch"], 2),
         best_val_bleu=result.best_val_bleu, command=command, training=args.to_dict(), machine=machine(),
         versions=versions(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
@@ -183,11 +185,6 @@ def main(argv=None):
         json.dump(report, f, indent=2, ensure_ascii=False)
     print(f"Done in {report['wall_seconds'] / 60:.1f} min; scores in {report_path}")
     return report
-
-
-def _steps_per_epoch(run_dir):
-    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
-        return json.load(f)["data"]["steps_per_epoch"]
 
 
 if __name__ == "__main__":
