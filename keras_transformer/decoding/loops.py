@@ -13,6 +13,9 @@ from keras_transformer.decoding.steps import make_step_fn, shape_invariants
 from keras_transformer.decoding.tokens import forbid_tokens, output_limits, top_allowed_tokens, write_position
 from keras_transformer.special_ids import PAD_ID
 
+# Finished sentences leave the batch once they are at least 1 / DROP_FINISHED_SHARE of it.
+DROP_FINISHED_SHARE = 8
+
 
 def length_penalty(length, alpha):
     """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016, eq. 14), float32."""
@@ -74,7 +77,13 @@ def beam_search_graph(
     model, source_ids, beam_size, alpha, max_length, min_length, bos_id, eos_id, return_all, use_cache,
     max_extra_length, early_stopping,
 ):
-    """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first."""
+    """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first.
+
+    In a plain graph, sentences whose search is over leave the batch (their
+    results are stored, their rows and cache dropped), so a batch costs what
+    its unfinished sentences cost rather than running at full size until its
+    slowest sentence ends. Each sentence's computation is the same either way.
+    """
     k = beam_size
     batch_size = tf.shape(source_ids)[0]
     buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
@@ -82,64 +91,112 @@ def beam_search_graph(
     # Encode once; the K beams of a sentence share its memory.
     memory = model.encode(source_ids, training=False)  # [B, S, D]
     step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=k)
-    # Best score a sentence's alive hypotheses could still reach is divided by this.
-    max_penalty = length_penalty(limits, alpha)  # [B]
+    beams = _initial_beams(batch_size, k, buffer_length, limits, alpha)
+    results = (tf.zeros([batch_size, k, buffer_length], tf.int32), tf.fill([batch_size, k], NEG_INF))
+    options = dict(k=k, alpha=alpha, min_length=min_length, eos_id=eos_id, early_stopping=early_stopping,
+                   return_all=return_all)
 
-    def body(i, alive_ids, alive_log_probs, finished_ids, finished_scores, done, model_state):
-        length = i + 1  # output length after this step
+    def body(i, beams, results, model_state):
+        beams, model_state = _beam_step(step, i, beams, model_state, **options)
+        if step.can_select:
+            beams, results, model_state = _drop_finished(step, beams, results, model_state)
+        return i + 1, beams, results, model_state
 
-        # 1. Extend every alive hypothesis by every token. Only the best 2K
-        #    tokens of each can be among the 2K best candidates of its
-        #    sentence, so only those are kept.
-        logits, model_state = step(i, alive_ids, model_state)  # [B, K, V]
-        token_log_probs, tokens = top_allowed_tokens(logits, 2 * k, i, min_length, eos_id)  # [B, K, C]
-        candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
-        per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller
+    def cond(i, beams, results, model_state):
+        return (i < buffer_length) & tf.logical_not(tf.reduce_all(beams["done"]))
 
-        # 2. The 2K best candidates: at most K end with EOS, so K can go on.
-        top_log_probs, top_flat = tf.math.top_k(
-            tf.reshape(candidate_log_probs, [batch_size, k * per_beam]), k=2 * k
-        )  # [B, 2K], sorted best first
-        top_beams = top_flat // per_beam  # [B, 2K]: the alive hypothesis each extends
-        top_tokens = tf.gather(tf.reshape(tokens, [batch_size, k * per_beam]), top_flat, batch_dims=1)  # [B, 2K]
-        top_ids = tf.gather(alive_ids, top_beams, batch_dims=1)  # [B, 2K, L]
-        top_ids = write_position(top_ids, i, top_tokens)
-        ends = tf.equal(top_tokens, eos_id) | (length >= limits)[:, None]  # [B, 2K]
-
-        # 3. Finished: the candidates that end and rank in the top K (the new
-        #    beam), scored with the length penalty; keep the K best overall.
-        in_beam = tf.range(2 * k) < k  # [2K]
-        new_scores = top_log_probs / length_penalty(length, alpha)  # [B, 2K]
-        new_scores = tf.where(ends & in_beam, new_scores, NEG_INF)
-        merged_scores = tf.concat([finished_scores, new_scores], axis=1)  # [B, 3K]
-        merged_ids = tf.concat([finished_ids, top_ids], axis=1)  # [B, 3K, L]
-        new_finished_scores, keep = tf.math.top_k(merged_scores, k=k)  # [B, K]
-        new_finished_ids = tf.gather(merged_ids, keep, batch_dims=1)  # [B, K, L]
-
-        # 4. Alive: the K best candidates that do not end.
-        new_alive_log_probs, keep = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=k)  # [B, K]
-        new_alive_ids = tf.gather(top_ids, keep, batch_dims=1)  # [B, K, L]
-        parents = tf.gather(top_beams, keep, batch_dims=1)  # [B, K]
-        model_state = step.reorder(model_state, parents)
-
-        # 5. Freeze sentences that were already done; mark the newly done ones.
-        frozen = done[:, None]  # [B, 1]
-        alive_ids = tf.where(frozen[..., None], alive_ids, new_alive_ids)
-        alive_log_probs = tf.where(frozen, alive_log_probs, new_alive_log_probs)
-        finished_ids = tf.where(frozen[..., None], finished_ids, new_finished_ids)
-        finished_scores = tf.where(frozen, finished_scores, new_finished_scores)
-        cannot_improve = _cannot_improve(alive_log_probs, finished_scores, max_penalty, early_stopping, return_all)
-        done = done | (length >= limits) | cannot_improve
-        return i + 1, alive_ids, alive_log_probs, finished_ids, finished_scores, done, model_state
-
-    def cond(i, alive_ids, alive_log_probs, finished_ids, finished_scores, done, model_state):
-        return (i < buffer_length) & tf.logical_not(tf.reduce_all(done))
-
-    loop_vars = _initial_beam_state(batch_size, k, buffer_length, step)
-    outputs = tf.while_loop(cond, body, loop_vars, shape_invariants=shape_invariants(loop_vars, step))
+    loop_vars = (tf.constant(0, tf.int32), beams, results, step.initial_state)
+    vary_batch = (lambda t: tf.TensorShape([None] + t.shape.as_list()[1:])) if step.can_select else (lambda t: t.shape)
+    invariants = (tf.TensorShape([]), tf.nest.map_structure(vary_batch, beams),
+                  tf.nest.map_structure(lambda t: t.shape, results), step.state_shape_invariants)
+    _, beams, results, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
     # A sentence ends at its length limit at the latest, where the whole new
     # beam finishes: every sentence has finished hypotheses.
-    return outputs[3], outputs[4]
+    return _store_finished(results, beams, tf.range(tf.shape(beams["done"])[0]))
+
+
+def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_stopping, return_all):
+    """Steps 1-5 of `beam_search` at output position i, for the sentences in `beams`."""
+    length = i + 1  # output length after this step
+    alive_ids, alive_log_probs, limits = beams["alive_ids"], beams["alive_log_probs"], beams["limits"]
+    batch_size = tf.shape(alive_log_probs)[0]
+
+    # 1. Extend every alive hypothesis by every token. Only the best 2K
+    #    tokens of each can be among the 2K best candidates of its
+    #    sentence, so only those are kept.
+    logits, model_state = step(i, alive_ids, model_state)  # [B, K, V]
+    token_log_probs, tokens = top_allowed_tokens(logits, 2 * k, i, min_length, eos_id)  # [B, K, C]
+    candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
+    per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller
+
+    # 2. The 2K best candidates: at most K end with EOS, so K can go on.
+    top_log_probs, top_flat = tf.math.top_k(
+        tf.reshape(candidate_log_probs, [batch_size, k * per_beam]), k=2 * k
+    )  # [B, 2K], sorted best first
+    top_beams = top_flat // per_beam  # [B, 2K]: the alive hypothesis each extends
+    top_tokens = tf.gather(tf.reshape(tokens, [batch_size, k * per_beam]), top_flat, batch_dims=1)  # [B, 2K]
+    top_ids = tf.gather(alive_ids, top_beams, batch_dims=1)  # [B, 2K, L]
+    top_ids = write_position(top_ids, i, top_tokens)
+    ends = tf.equal(top_tokens, eos_id) | (length >= limits)[:, None]  # [B, 2K]
+
+    # 3. Finished: the candidates that end and rank in the top K (the new
+    #    beam), scored with the length penalty; keep the K best overall.
+    in_beam = tf.range(2 * k) < k  # [2K]
+    new_scores = top_log_probs / length_penalty(length, alpha)  # [B, 2K]
+    new_scores = tf.where(ends & in_beam, new_scores, NEG_INF)
+    merged_scores = tf.concat([beams["finished_scores"], new_scores], axis=1)  # [B, 3K]
+    merged_ids = tf.concat([beams["finished_ids"], top_ids], axis=1)  # [B, 3K, L]
+    new_finished_scores, keep = tf.math.top_k(merged_scores, k=k)  # [B, K]
+    new_finished_ids = tf.gather(merged_ids, keep, batch_dims=1)  # [B, K, L]
+
+    # 4. Alive: the K best candidates that do not end.
+    new_alive_log_probs, keep = tf.math.top_k(tf.where(ends, NEG_INF, top_log_probs), k=k)  # [B, K]
+    new_alive_ids = tf.gather(top_ids, keep, batch_dims=1)  # [B, K, L]
+    parents = tf.gather(top_beams, keep, batch_dims=1)  # [B, K]
+    model_state = step.reorder(model_state, parents)
+
+    # 5. Freeze sentences that were already done; mark the newly done ones.
+    frozen = beams["done"][:, None]  # [B, 1]
+    updated = dict(
+        beams,
+        alive_ids=tf.where(frozen[..., None], alive_ids, new_alive_ids),
+        alive_log_probs=tf.where(frozen, alive_log_probs, new_alive_log_probs),
+        finished_ids=tf.where(frozen[..., None], beams["finished_ids"], new_finished_ids),
+        finished_scores=tf.where(frozen, beams["finished_scores"], new_finished_scores),
+    )
+    cannot_improve = _cannot_improve(updated["alive_log_probs"], updated["finished_scores"], beams["max_penalty"],
+                                     early_stopping, return_all)
+    updated["done"] = beams["done"] | (length >= limits) | cannot_improve
+    return updated, model_state
+
+
+def _drop_finished(step, beams, results, model_state):
+    """Stores the finished sentences' results and removes them from the batch and the cache.
+
+    Dropping copies the state of the sentences that stay (as one step's cache
+    append does), so it waits until a fair share of the batch is done.
+    """
+    done = beams["done"]
+    finished = tf.reduce_sum(tf.cast(done, tf.int32))
+
+    def drop():
+        stay = tf.where(tf.logical_not(done))[:, 0]
+        stored = _store_finished(results, beams, tf.where(done)[:, 0])
+        return tf.nest.map_structure(lambda t: tf.gather(t, stay), beams), stored, step.select(model_state, stay)
+
+    def keep():
+        return beams, results, model_state
+
+    worth_it = (finished > 0) & (finished * DROP_FINISHED_SHARE >= tf.size(done))
+    return tf.cond(worth_it, drop, keep)
+
+
+def _store_finished(results, beams, which):
+    """`results` with the finished hypotheses of the batch rows `which` written at their sentences' rows."""
+    result_ids, result_scores = results
+    sentences = tf.gather(beams["sentence"], which)[:, None]  # [W, 1]
+    return (tf.tensor_scatter_nd_update(result_ids, sentences, tf.gather(beams["finished_ids"], which)),
+            tf.tensor_scatter_nd_update(result_scores, sentences, tf.gather(beams["finished_scores"], which)))
 
 
 def _cannot_improve(alive_log_probs, finished_scores, max_penalty, early_stopping, return_all):
@@ -154,18 +211,19 @@ def _cannot_improve(alive_log_probs, finished_scores, max_penalty, early_stoppin
     return target >= best_alive_bound
 
 
-def _initial_beam_state(batch_size, k, buffer_length, step):
-    """The loop variables before step 0: `(i, alive_ids, alive_log_probs, finished_ids, finished_scores,
-    done, model_state)`."""
+def _initial_beams(batch_size, k, buffer_length, limits, alpha):
+    """Each sentence's search before step 0 (a dict of `[B, ...]` tensors, one row per sentence)."""
     # Only beam 0 starts alive: the other K-1 copies of the start token would
     # otherwise fill the first beam with duplicates.
     initial_log_probs = tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)], tf.float32), [batch_size, 1])  # [B, K]
-    return (
-        tf.constant(0, tf.int32),
-        tf.zeros([batch_size, k, buffer_length], tf.int32),  # alive_ids [B, K, L]
-        initial_log_probs,  # alive_log_probs [B, K]
-        tf.zeros([batch_size, k, buffer_length], tf.int32),  # finished_ids [B, K, L]
-        tf.fill([batch_size, k], NEG_INF),  # finished_scores [B, K]
-        tf.zeros([batch_size], tf.bool),  # done [B]
-        step.initial_state,
+    return dict(
+        alive_ids=tf.zeros([batch_size, k, buffer_length], tf.int32),  # [B, K, L]
+        alive_log_probs=initial_log_probs,  # [B, K]
+        finished_ids=tf.zeros([batch_size, k, buffer_length], tf.int32),  # [B, K, L]
+        finished_scores=tf.fill([batch_size, k], NEG_INF),  # [B, K]
+        done=tf.zeros([batch_size], tf.bool),  # [B]
+        limits=limits,  # [B]: maximum output length
+        # Best score a sentence's alive hypotheses could still reach is divided by this.
+        max_penalty=length_penalty(limits, alpha),  # [B]
+        sentence=tf.range(batch_size),  # [B]: the row of the sentence in the input and results
     )

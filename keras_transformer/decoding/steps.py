@@ -8,16 +8,24 @@ import tensorflow as tf
 
 from keras_transformer.layers.attention import in_place_cache_writes
 
+# Entries of `model.init_cache` shared by every sentence (no batch axis); the
+# others ("cross": each sentence's keys/values of its memory) are per sentence.
+SHARED_CACHE_KEYS = ("output_kernel",)
+
 
 class _CachedStep:
     """Feeds the K hypotheses of each sentence to `model.decode_step` side by side.
 
-    State: `(self_attention_cache, ancestry)`. Slot `j*K + k` of the cache is
-    written at step j by the hypothesis then k-th in the beam; `ancestry
-    [B, K, L]` holds, for each hypothesis, the beam index its prefix had at
-    each earlier step, so hypothesis k at step i sees slots
-    `j*K + ancestry[k, j]` for j < i and `i*K + k` (its own step). Under XLA
-    the cache has all `L*K` slots from the start; otherwise it grows.
+    State: `(self_attention_cache, ancestry, sentences)`. Slot `j*K + k` of
+    the cache is written at step j by the hypothesis then k-th in the beam;
+    `ancestry [B, K, L]` holds, for each hypothesis, the beam index its
+    prefix had at each earlier step, so hypothesis k at step i sees slots
+    `j*K + ancestry[k, j]` for j < i and `i*K + k` (its own step).
+    `sentences` is what each sentence keeps for the whole search (its memory,
+    source ids and cross-attention keys/values), in the state so that
+    `select` can drop finished sentences. Under XLA the cache has all `L*K`
+    slots from the start and the batch is fixed; otherwise the cache grows
+    and the batch may shrink.
     """
 
     def __init__(self, model, memory, source_ids, buffer_length, bos_id, beam_size):
@@ -25,34 +33,44 @@ class _CachedStep:
         self.bos_id = bos_id
         self.beam_size = beam_size
         self.buffer_length = buffer_length
-        self.memory = memory  # [B, S, D]: one copy per sentence, shared by its hypotheses
-        self.source_ids = source_ids
         # XLA needs static shapes: one preallocated buffer written in place.
         # A plain graph appends K slots per step instead of copying the buffer.
         # The attention layers' own test decides, so both always agree.
         self.growing = not in_place_cache_writes()
         slots = 0 if self.growing else buffer_length * beam_size
         cache = model.init_cache(memory, slots)  # cross K/V computed once
-        self.invariant = {key: value for key, value in cache.items() if key != "self"}  # "cross", ...
+        # Per sentence (memory is one copy per sentence, shared by its hypotheses) ...
+        sentences = {"memory": memory, "source_ids": source_ids,
+                     **{key: value for key, value in cache.items() if key not in ("self", *SHARED_CACHE_KEYS)}}
+        # ... and shared by all sentences (the output projection's kernel).
+        self.shared = {key: cache[key] for key in SHARED_CACHE_KEYS if key in cache}
         ancestry = tf.zeros([tf.shape(source_ids)[0], beam_size, buffer_length], tf.int32)
-        self.initial_state = (cache["self"], ancestry)
+        self.initial_state = (cache["self"], ancestry, sentences)
+
+    @property
+    def can_select(self):
+        """Whether `select` may shrink the batch (a plain graph; XLA keeps static shapes)."""
+        return self.growing
 
     @property
     def state_shape_invariants(self):
-        """The state keeps its shapes, except the slot axis of a growing cache."""
-        self_cache, ancestry = self.initial_state
-
-        def slots_vary(tensor):  # [B, N, slots, H]
+        """A growing cache changes its slot axis; a shrinking batch, every batch axis."""
+        def vary(tensor, axes):
             shape = tensor.shape.as_list()
-            shape[2] = None
+            for axis in axes:
+                shape[axis] = None
             return tf.TensorShape(shape)
 
-        cache_shapes = tf.nest.map_structure(slots_vary if self.growing else (lambda t: t.shape), self_cache)
-        return cache_shapes, ancestry.shape
+        batch_axis = (0,) if self.can_select else ()
+        slot_axes = (2,) if self.growing else ()  # [B, N, slots, H]
+        self_cache, ancestry, sentences = self.initial_state
+        return (tf.nest.map_structure(lambda t: vary(t, batch_axis + slot_axes), self_cache),
+                vary(ancestry, batch_axis),
+                tf.nest.map_structure(lambda t: vary(t, batch_axis), sentences))
 
     def __call__(self, i, token_ids, state):
         """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state)."""
-        self_cache, ancestry = state
+        self_cache, ancestry, sentences = state
         k = self.beam_size
         previous = tf.gather(token_ids, tf.maximum(i - 1, 0), axis=2)  # [B, K]
         previous = tf.where(i > 0, previous, self.bos_id)
@@ -62,22 +80,29 @@ class _CachedStep:
         seen = i + 1 if self.growing else self.buffer_length  # L'
         visible = tf.equal(ancestry[:, :, :seen, None], tf.range(k)) & (steps[:seen] <= i)[:, None]  # [B, K, L', K]
         mask = tf.reshape(visible, [tf.shape(ancestry)[0], k, seen * k])  # [B, K, L'*K]
+        cache = {"self": self_cache, **{key: value for key, value in sentences.items()
+                                        if key not in ("memory", "source_ids")}, **self.shared}
         logits, cache = self.model.decode_step(
             previous,
-            self.memory,
-            self.source_ids,
-            {"self": self_cache, **self.invariant},
+            sentences["memory"],
+            sentences["source_ids"],
+            cache,
             i * k,
             positions=tf.fill([k], i),
             self_attention_mask=mask,
         )  # [B, K, V]
-        return logits, (cache["self"], ancestry)
+        return logits, (cache["self"], ancestry, sentences)
 
     @staticmethod
     def reorder(state, parents):
         """New hypothesis k continues `parents [B, K]`: it inherits that one's ancestry, not a cache copy."""
-        self_cache, ancestry = state
-        return self_cache, tf.gather(ancestry, parents, batch_dims=1)
+        self_cache, ancestry, sentences = state
+        return self_cache, tf.gather(ancestry, parents, batch_dims=1), sentences
+
+    @staticmethod
+    def select(state, rows):
+        """The state of the sentences `rows [B']` only (batch axis 0 of every tensor)."""
+        return tf.nest.map_structure(lambda tensor: tf.gather(tensor, rows), state)
 
 
 class _UncachedStep:
@@ -85,6 +110,7 @@ class _UncachedStep:
 
     initial_state = ()
     state_shape_invariants = ()
+    can_select = False  # the memory is captured, tiled per hypothesis
 
     def __init__(self, model, memory, source_ids, buffer_length, bos_id, beam_size):
         self.model = model
