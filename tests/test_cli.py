@@ -287,7 +287,7 @@ def saved_model_versions(tiny_run_dir, tmp_path_factory):
 
     base = str(tmp_path_factory.mktemp("saved_models") / "tiny")
     options = {2: dict(beam_size=1, max_extra_length=2), 10: dict(beam_size=2, max_extra_length=6)}
-    paths = {v: export_saved_model(tiny_run_dir, base, version=v, **o) for v, o in options.items()}
+    paths = {v: export_saved_model(tiny_run_dir, base, version=v, dtype="float32", **o) for v, o in options.items()}
     sentences = [s for s in SENTENCES if s]
     expected = {v: Translator.from_run_dir(tiny_run_dir, **o).translate(sentences) for v, o in options.items()}
     assert expected[2] != expected[10]  # the outputs tell the versions apart

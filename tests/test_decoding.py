@@ -316,6 +316,52 @@ def test_k_finished_stops_when_k_hypotheses_have_ended():
     assert unpad(ids[0]) == [4, 4, 4, 4, EOS]
 
 
+class SourceLengthModel:
+    """A stand-in whose sentences end after as many tokens as their source has: "a" until then, then eos.
+
+    Counts the hypothesis rows each decoder step computes (`rows`).
+    """
+
+    vocab_size = 6
+
+    def __init__(self):
+        self.rows = tf.Variable(0)
+
+    def encode(self, source_ids, training=None):
+        return tf.zeros(tf.concat([tf.shape(source_ids), [2]], 0))
+
+    def init_cache(self, memory, max_length):
+        batch = tf.shape(memory)[0]
+        return {"self": [(tf.zeros([batch, 1, max_length, 2]),) * 2], "cross": [(memory, memory)]}
+
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
+                    self_attention_mask=None):
+        self.rows.assign_add(tf.size(target_ids))
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, 0), tf.int32), axis=1)  # [B]
+        step = positions[None, :] + tf.zeros_like(target_ids)  # [B, K]
+        ends = tf.equal(step + 1, lengths[:, None])[..., None]  # [B, K, 1]
+        token = tf.range(self.vocab_size)
+        logits = tf.where(ends, tf.where(tf.equal(token, EOS), 5.0, 0.0), tf.where(tf.equal(token, 4), 5.0, 0.0))
+        return logits, cache
+
+
+def test_finished_sentences_leave_the_batch():
+    """Once the short sentences are done, each step computes the long one's K rows only; results unchanged."""
+    model = SourceLengthModel()
+    sources = padded([[7, 7]] * 7 + [[7] * 12])  # 7 sentences that end at step 2, one at step 12
+    k = 2
+    model.rows.assign(0)
+    ids, scores = beam_search(model, sources, beam_size=k, alpha=0.6)
+    rows = int(model.rows.numpy())
+    steps = 12 + 4  # the long sentence's steps, and a few more until no alive hypothesis can win
+    assert rows < 8 * k * 4 + k * steps, rows  # the whole batch for the first steps only
+    assert rows >= k * 12
+    for i, source in enumerate(sources):
+        alone_ids, alone_scores = beam_search(model, source[None, : (12 if i == 7 else 2)], beam_size=k, alpha=0.6)
+        assert unpad(ids[i]) == unpad(alone_ids[0]) == [4] * (11 if i == 7 else 1) + [EOS]
+        np.testing.assert_allclose(scores[i], alone_scores[0], atol=2e-6)
+
+
 @pytest.mark.parametrize("vocab_size, k", [(8000, 10), (8000, 8), (1200, 9), (7919, 10), (50, 10)])
 def test_blocked_top_k_equals_top_k(vocab_size, k):
     """The block-maximum top-k is exact, also with ties (rounded values) and when it falls back."""

@@ -143,7 +143,8 @@ def translator(run_dir):
 @pytest.fixture(scope="module")
 def exported(run_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("saved_models") / "tiny"
-    return export_saved_model(run_dir, str(base), max_extra_length=EXTRA)
+    # float32: compared with in-process float32 translators below (the default "auto": test_decoding_precision.py).
+    return export_saved_model(run_dir, str(base), max_extra_length=EXTRA, dtype="float32")
 
 
 def _serve_in_fresh_process(export_dir, cases, cases_path):
@@ -378,7 +379,7 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
     # The command: an existing version needs --overwrite, which replaces it.
     argv = ["export", run, "--output", base, "--version", "1", "--beam", "2", "--alpha", "0.3",
             "--max-extra-length", str(EXTRA), "--max-input-length", "8", "--early-stopping", "k_finished",
-            "--checkpoint", "latest"]
+            "--checkpoint", "latest", "--precision", "float32"]
     with pytest.raises(SystemExit, match="already exists"):
         cli.main(argv)
     assert _read_export_info(first)["precision"] == "mixed_bfloat16"  # left alone

@@ -45,7 +45,8 @@ def test_translate_command_writes_n_best_lines(tiny_run_dir, translator, capsys)
 
 
 def test_saved_model_n_best_signature(tiny_run_dir, translator, tmp_path):
-    path = export_saved_model(tiny_run_dir, str(tmp_path / "served"), max_extra_length=6, n_best=2)
+    path = export_saved_model(tiny_run_dir, str(tmp_path / "served"), max_extra_length=6, n_best=2,
+                              dtype="float32")
     loaded = tf.saved_model.load(path)
     assert set(loaded.signatures) == {"serving_default", "translate_n_best"}
     outputs = loaded.signatures["translate_n_best"](inputs=tf.constant(SOURCES))
@@ -59,7 +60,7 @@ def test_saved_model_n_best_signature(tiny_run_dir, translator, tmp_path):
     with pytest.raises(ValueError, match="exported with"):
         served.translate(SOURCES, n_best=3)
     # Without n_best, the export has its one signature, as before.
-    plain = tf.saved_model.load(export_saved_model(tiny_run_dir, str(tmp_path / "plain"), max_extra_length=6))
+    plain = tf.saved_model.load(export_saved_model(tiny_run_dir, str(tmp_path / "plain"), max_extra_length=6, dtype="float32"))
     assert set(plain.signatures) == {"serving_default"}
 
 

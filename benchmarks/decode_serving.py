@@ -1,0 +1,206 @@
+"""Translating real text through the exported SavedModel against CTranslate2, each in its own process.
+
+Workload: Multi30k test2016 (1,000 English sentences, shipped with the
+package) translated by the trained demo model (`RUN_DIR`, default
+`runs/multi30k_en_de`) with beam 4, length penalty 0.6 and at most source +
+50 tokens (§6.1). Systems, each a fresh process (`serving_worker.py`):
+
+* ours: the run exported with `export_saved_model(..., beam_size=4,
+  alpha=0.6, dtype=...)`, loaded with only tensorflow and tensorflow_text,
+  sentences sent in file order: "ours float32" and "ours bfloat16" (what
+  `--precision auto` exports on a CPU with AVX512_BF16 / AMX-BF16);
+* CTranslate2: the same weights converted with `export_ctranslate2`,
+  float32 compute ("ctranslate2 float32", the baseline) and, for
+  reference, bfloat16 compute.
+
+Each system first gets its best setting on this machine: every candidate
+(request size x requests in flight for ours; max_batch_size x
+inter_threads/intra_threads for CTranslate2) is started, warmed up and timed
+once, and the fastest is kept. Then the kept systems' timed passes alternate
+for `--repeats` rounds (medians reported). BLEU (lower-cased tokenized, as
+Multi30k papers; cased sacreBLEU too) is computed on each system's output,
+and the share of sentences whose translation equals "ours float32"'s.
+
+CTranslate2 has its own length penalty, `score / length ** alpha`, where the
+SavedModel divides by GNMT's `((5 + length) / 6) ** alpha`, and its own
+stopping rule; translations differ where these rank hypotheses differently.
+
+Usage:
+    .venv/bin/python benchmarks/decode_serving.py runs/multi30k_en_de \
+        --json benchmarks/results/avx512_bf16/decode_serving.json
+    .venv/bin/python benchmarks/decode_serving.py RUN_DIR --sentences 200 --repeats 1   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+
+common.quiet_tensorflow()
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serving_worker.py")
+BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
+OURS_CANDIDATES = [(64, 2), (250, 2), (500, 2), (1000, 1)]  # (sentences per request, requests in flight)
+CT2_CANDIDATES = [(32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]  # (max_batch_size, inter, intra)
+
+
+class Worker:
+    """A `serving_worker.py` process, warmed up and waiting for commands."""
+
+    def __init__(self, args, sentences_file):
+        self.process = subprocess.Popen([sys.executable, WORKER, *map(str, args[:2]), sentences_file,
+                                         *map(str, args[2:])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        self.ready = self._read()
+
+    def _read(self):
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {self.process.args} died (exit {self.process.wait()})")
+        return json.loads(line)
+
+    def command(self, *words):
+        self.process.stdin.write(" ".join(words) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+
+
+def best_setting(name, candidates, make_args, sentences_file):
+    """Times each candidate once after its warm-up; returns `(best candidate, {candidate: seconds})`."""
+    seconds = {}
+    for candidate in candidates:
+        worker = Worker(make_args(candidate), sentences_file)
+        try:
+            seconds[candidate] = worker.command("run")["seconds"]
+        finally:
+            worker.close()
+        common.log(f"[tune] {name} {candidate}: {seconds[candidate]:.2f} s")
+    return min(seconds, key=seconds.get), seconds
+
+
+def prepare_models(run_dir, work_dir):
+    """Exports the run as SavedModels (float32, bfloat16) and as a CTranslate2 model; returns their paths."""
+    from keras_transformer.inference.ctranslate2 import export_ctranslate2
+    from keras_transformer.inference.saved_model import export_saved_model
+    from keras_transformer.run_dir import load_run
+
+    paths = {}
+    for precision in ("float32", "bfloat16"):
+        paths[precision] = export_saved_model(run_dir, os.path.join(work_dir, precision), version=1,
+                                              beam_size=BEAM_SIZE, alpha=ALPHA, dtype=precision)
+    model, tokenizer = load_run(run_dir, dtype="float32")
+    paths["ctranslate2"] = export_ctranslate2(model, os.path.join(work_dir, "ct2"), tokenizer=tokenizer)
+    return paths
+
+
+def systems_to_time(paths, sentences_file, only):
+    """The systems in their best settings: `[(name, worker args, tuning)]`."""
+    chosen = []
+    for precision in ("float32", "bfloat16"):
+        name = f"ours {precision}"
+        if only and only not in name:
+            continue
+        args = lambda c, p=precision: ["savedmodel", paths[p], *c]  # noqa: E731
+        best, tried = best_setting(name, OURS_CANDIDATES, args, sentences_file)
+        chosen.append((name, args(best), dict(setting=dict(request_size=best[0], concurrency=best[1]),
+                                               tuning={f"{r} per request, {c} in flight": s
+                                                       for (r, c), s in tried.items()})))
+    for compute_type in ("float32", "bfloat16"):
+        name = f"ctranslate2 {compute_type}"
+        if only and only not in name:
+            continue
+        args = lambda c, t=compute_type: ["ctranslate2", paths["ctranslate2"], *c, t]  # noqa: E731
+        best, tried = best_setting(name, CT2_CANDIDATES, args, sentences_file)
+        chosen.append((name, args(best), dict(setting=dict(max_batch_size=best[0], inter_threads=best[1],
+                                                           intra_threads=best[2]),
+                                               tuning={f"max_batch_size {b}, inter {i}, intra {t}": s
+                                                       for (b, i, t), s in tried.items()})))
+    return chosen
+
+
+def score_outputs(outputs, references):
+    from keras_transformer.inference.evaluation import corpus_scores
+
+    scores = {name: corpus_scores(lines, references) for name, lines in outputs.items()}
+    base = outputs.get("ours float32")
+    for name, lines in outputs.items():
+        scores[name] = {key: round(value, 2) for key, value in scores[name].items() if isinstance(value, float)}
+        if base is not None:
+            scores[name]["identical_to_ours_float32"] = round(sum(a == b for a, b in zip(lines, base)) / len(lines), 3)
+    return scores
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", nargs="?", default="runs/multi30k_en_de")
+    parser.add_argument("--sentences", type=int, default=1000, help="the first N sentences of test2016")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", help="time only the systems whose name contains this")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+
+    from keras_transformer.data import corpora
+
+    sources = corpora.read_lines("test2016", "en")[: args.sentences]
+    references = corpora.read_lines("test2016", "de")[: args.sentences]
+    machine = common.machine_info()
+    with tempfile.TemporaryDirectory(prefix="decode_serving_") as work_dir:
+        sentences_file = os.path.join(work_dir, "sources.en")
+        with open(sentences_file, "w", encoding="utf-8") as f:
+            f.write("".join(s + "\n" for s in sources))
+        paths = prepare_models(args.run_dir, work_dir)
+        chosen = systems_to_time(paths, sentences_file, args.only)
+        workers = {}
+
+        def setup(name, worker_args):
+            def start():
+                workers[name] = Worker(worker_args, sentences_file)
+                return lambda: (workers[name].command("run"), {"sentences": len(sources)})[1]
+            return start
+
+        systems = [common.System(name, setup(name, worker_args), baseline="ctranslate2 float32", info=info)
+                   for name, worker_args, info in chosen]
+        try:
+            results = common.run_alternating(systems, args.repeats)
+            outputs = {}
+            for name, worker in workers.items():
+                path = os.path.join(work_dir, name.replace(" ", "_") + ".de")
+                worker.command("translations", path)
+                with open(path, encoding="utf-8") as f:
+                    outputs[name] = [line.rstrip("\n") for line in f]
+        finally:
+            for worker in workers.values():
+                worker.close()
+    quality = score_outputs(outputs, references)
+    ratios = common.ratio_to_baseline(results, "sentences")
+    rows = [[r.name, json.dumps(r.info.get("setting")), common.fmt(r.median_rate("sentences"), ",.1f"),
+             common.fmt(ratios[r.name], ".2f"), quality[r.name]["tok_bleu"], quality[r.name]["bleu"],
+             quality[r.name].get("identical_to_ours_float32", "–")] for r in results]
+    print(common.markdown_table(["system", "best setting", "sentences/s", "x CT2 fp32", "tok BLEU", "BLEU",
+                                 "same as ours fp32"], rows))
+    payload = {"benchmark": "decode_serving", "run_dir": args.run_dir, "sentences": len(sources),
+               "beam_size": BEAM_SIZE, "alpha": ALPHA, "repeats": args.repeats, "machine": machine,
+               "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"]),
+               "results": common.results_payload(results, ["sentences"]), "quality": quality,
+               "wall_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    common.write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

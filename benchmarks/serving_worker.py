@@ -1,0 +1,91 @@
+"""One translation engine in its own process, timed on command (`decode_serving.py` drives it).
+
+    python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUEST_SIZE CONCURRENCY
+    python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA COMPUTE_TYPE
+
+"savedmodel" imports only tensorflow and tensorflow_text, as a model server
+would: it sends the sentences in file order, REQUEST_SIZE per call of the
+`serving_default` signature, CONCURRENCY calls in flight. "ctranslate2"
+imports only ctranslate2 and sentencepiece and calls `translate_batch` on
+the whole file (it sorts and batches by length itself) with beam 4, length
+penalty 0.6 and at most source + 50 tokens, as the SavedModel decodes.
+
+Protocol (one JSON object per line): it prints {"ready": ...} after a warm-up
+pass; each "run" read on stdin makes one timed pass over all sentences and
+prints {"seconds": ...}; "translations PATH" writes the last pass's output,
+one line per sentence; "quit" ends it.
+"""
+
+import concurrent.futures
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+BEAM_SIZE, LENGTH_PENALTY, EXTRA_LENGTH = 4, 0.6, 50  # §6.1, as exported
+
+
+def savedmodel_engine(export_dir, sentences, request_size, concurrency):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+
+    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    requests = [sentences[i : i + int(request_size)] for i in range(0, len(sentences), int(request_size))]
+    pool = concurrent.futures.ThreadPoolExecutor(int(concurrency))
+
+    def one(request):
+        return [t.decode("utf-8") for t in serve(inputs=tf.constant(request))["translations"].numpy()]
+
+    def translate():
+        return [t for out in pool.map(one, requests) for t in out]
+
+    return translate
+
+
+def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compute_type):
+    import ctranslate2
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir, "sentencepiece.model"))
+    translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
+                                        inter_threads=int(inter), intra_threads=int(intra))
+    pieces = [processor.encode(s, out_type=str) for s in sentences]
+    # Our SavedModel allows each sentence its source length (with the end token) + 50 tokens.
+    longest = max(len(p) for p in pieces) + 1 + EXTRA_LENGTH
+
+    def translate():
+        results = translator.translate_batch(pieces, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
+                                             max_batch_size=int(max_batch_size), max_decoding_length=longest)
+        return [processor.decode(r.hypotheses[0]) for r in results]
+
+    return translate
+
+
+def main(argv):
+    kind, path, sentences_file, *options = argv
+    with open(sentences_file, encoding="utf-8") as f:
+        sentences = [line.rstrip("\n") for line in f]
+    engines = {"savedmodel": savedmodel_engine, "ctranslate2": ctranslate2_engine}
+    translate = engines[kind](path, sentences, *options)
+    started = time.perf_counter()
+    output = translate()  # warm-up: traces, allocates, spins up threads
+    print(json.dumps({"ready": True, "warmup_seconds": time.perf_counter() - started}), flush=True)
+    for line in sys.stdin:
+        command = line.split()
+        if command[0] == "run":
+            started = time.perf_counter()
+            output = translate()
+            print(json.dumps({"seconds": time.perf_counter() - started}), flush=True)
+        elif command[0] == "translations":
+            with open(command[1], "w", encoding="utf-8") as f:
+                f.write("".join(t.replace("\n", " ") + "\n" for t in output))
+            print(json.dumps({"written": command[1]}), flush=True)
+        elif command[0] == "quit":
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
