@@ -11,7 +11,7 @@ package) translated by the trained demo model (`RUN_DIR`, default
   `--precision auto` exports on a CPU with AVX512_BF16 / AMX-BF16);
 * CTranslate2: the same weights converted with `export_ctranslate2`,
   float32 compute ("ctranslate2 float32", the baseline) and, for
-  reference, bfloat16 compute.
+  reference, its int8 weights (CTranslate2 has no bfloat16 on CPU).
 
 Each system first gets its best setting on this machine: every candidate
 (request size x requests in flight for ours; max_batch_size x
@@ -120,7 +120,7 @@ def systems_to_time(paths, sentences_file, only):
         chosen.append((name, args(best), dict(setting=dict(request_size=best[0], concurrency=best[1]),
                                                tuning={f"{r} per request, {c} in flight": s
                                                        for (r, c), s in tried.items()})))
-    for compute_type in ("float32", "bfloat16"):
+    for compute_type in ("float32", "int8"):
         name = f"ctranslate2 {compute_type}"
         if only and only not in name:
             continue

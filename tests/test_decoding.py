@@ -362,6 +362,19 @@ def test_finished_sentences_leave_the_batch():
         np.testing.assert_allclose(scores[i], alone_scores[0], atol=2e-6)
 
 
+def test_finished_sentences_leave_the_batch_in_greedy_search():
+    model = SourceLengthModel()
+    sources = padded([[7, 7]] * 7 + [[7] * 12])
+    model.rows.assign(0)
+    ids, scores = greedy_search(model, sources)
+    rows = int(model.rows.numpy())
+    assert 12 <= rows < 8 * 3 + 12, rows  # 8 rows for the first steps, then the long sentence's alone
+    for i, source in enumerate(sources):
+        alone_ids, alone_scores = greedy_search(model, source[None, : (12 if i == 7 else 2)])
+        assert unpad(ids[i]) == unpad(alone_ids[0]) == [4] * (11 if i == 7 else 1) + [EOS]
+        np.testing.assert_allclose(scores[i], alone_scores[0], atol=2e-6)
+
+
 @pytest.mark.parametrize("vocab_size, k", [(8000, 10), (8000, 8), (1200, 9), (7919, 10), (50, 10)])
 def test_blocked_top_k_equals_top_k(vocab_size, k):
     """The block-maximum top-k is exact, also with ties (rounded values) and when it falls back."""

@@ -9,7 +9,7 @@ the next position.
 import tensorflow as tf
 
 from keras_transformer.decoding.defaults import NEG_INF
-from keras_transformer.decoding.steps import make_step_fn, shape_invariants
+from keras_transformer.decoding.steps import make_step_fn
 from keras_transformer.decoding.tokens import forbid_tokens, output_limits, top_allowed_tokens, write_position
 from keras_transformer.special_ids import PAD_ID
 
@@ -30,42 +30,60 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
 
     `choose_tokens(log_probs [B, V], i) -> tokens [B]` picks each step's
     token (default: the most probable; sampling passes a random draw). The
-    score adds the chosen tokens' log-probabilities.
+    score adds the chosen tokens' log-probabilities. In a plain graph,
+    finished sentences leave the batch, as in `beam_search_graph`.
     """
     batch_size = tf.shape(source_ids)[0]
     buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
     memory = model.encode(source_ids, training=False)  # [B, S, D]
     step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache)
+    rows = dict(
+        token_ids=tf.zeros([batch_size, buffer_length], tf.int32),  # [B, L]
+        scores=tf.zeros([batch_size], tf.float32),  # [B]
+        done=tf.zeros([batch_size], tf.bool),  # [B]
+        limits=limits,  # [B]
+        sentence=tf.range(batch_size),  # [B]: the row of the sentence in the input and results
+    )
+    results = {"token_ids": rows["token_ids"], "scores": rows["scores"]}
 
-    def body(i, token_ids, scores, done, model_state):
-        logits, model_state = step(i, token_ids[:, None], model_state)  # [B, 1, V]
-        log_probs = forbid_tokens(tf.nn.log_softmax(logits[:, 0]), i, min_length, eos_id)  # [B, V]
+    def body(i, rows, results, model_state):
+        logits, model_state = step(i, rows["token_ids"][:, None], model_state)  # [B, 1, V]
         if choose_tokens is None:
-            tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)  # [B]
-            token_log_probs = tf.reduce_max(log_probs, axis=-1)  # [B]
+            token_log_probs, tokens = top_allowed_tokens(logits, 1, i, min_length, eos_id)  # [B, 1, 1]
+            tokens, token_log_probs = tokens[:, 0, 0], token_log_probs[:, 0, 0]  # [B]
         else:
+            log_probs = forbid_tokens(tf.nn.log_softmax(logits[:, 0]), i, min_length, eos_id)  # [B, V]
             tokens = choose_tokens(log_probs, i)
             token_log_probs = tf.gather(log_probs, tokens, batch_dims=1)
         # Finished sentences only append padding and keep their score.
+        done = rows["done"]
         tokens = tf.where(done, PAD_ID, tokens)
-        scores += tf.where(done, 0.0, token_log_probs)
-        token_ids = write_position(token_ids, i, tokens)
-        done = done | tf.equal(tokens, eos_id) | (i + 1 >= limits)
-        return i + 1, token_ids, scores, done, model_state
+        rows = dict(rows, scores=rows["scores"] + tf.where(done, 0.0, token_log_probs),
+                    token_ids=write_position(rows["token_ids"], i, tokens),
+                    done=done | tf.equal(tokens, eos_id) | (i + 1 >= rows["limits"]))
+        if step.can_select:
+            rows, results, model_state = _drop_finished(step, rows, results, model_state)
+        return i + 1, rows, results, model_state
 
-    def cond(i, token_ids, scores, done, model_state):
-        return (i < buffer_length) & tf.logical_not(tf.reduce_all(done))
+    def cond(i, rows, results, model_state):
+        return (i < buffer_length) & tf.logical_not(tf.reduce_all(rows["done"]))
 
-    loop_vars = (
-        tf.constant(0, tf.int32),
-        tf.zeros([batch_size, buffer_length], tf.int32),  # token_ids [B, L]
-        tf.zeros([batch_size], tf.float32),  # scores [B]
-        tf.zeros([batch_size], tf.bool),  # done [B]
-        step.initial_state,
-    )
-    invariants = shape_invariants(loop_vars, step)
-    _, token_ids, scores, _, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
-    return token_ids, scores
+    results = _search_loop(step, cond, body, rows, results)
+    return results["token_ids"], results["scores"]
+
+
+def _search_loop(step, cond, body, rows, results):
+    """Runs `body(i, rows, results, model_state)` while `cond`; returns `results` with every row stored.
+
+    `rows` holds one row per sentence still in the batch (its batch axis may
+    shrink when `step.can_select`), `results` one per input sentence.
+    """
+    loop_vars = (tf.constant(0, tf.int32), rows, results, step.initial_state)
+    vary_batch = (lambda t: tf.TensorShape([None] + t.shape.as_list()[1:])) if step.can_select else (lambda t: t.shape)
+    invariants = (tf.TensorShape([]), tf.nest.map_structure(vary_batch, rows),
+                  tf.nest.map_structure(lambda t: t.shape, results), step.state_shape_invariants)
+    _, rows, results, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
+    return _store_finished(results, rows, tf.range(tf.shape(rows["done"])[0]))
 
 
 # ----------------------------------------------------------------------------------
@@ -92,7 +110,7 @@ def beam_search_graph(
     memory = model.encode(source_ids, training=False)  # [B, S, D]
     step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=k)
     beams = _initial_beams(batch_size, k, buffer_length, limits, alpha)
-    results = (tf.zeros([batch_size, k, buffer_length], tf.int32), tf.fill([batch_size, k], NEG_INF))
+    results = {"finished_ids": beams["finished_ids"], "finished_scores": beams["finished_scores"]}
     options = dict(k=k, alpha=alpha, min_length=min_length, eos_id=eos_id, early_stopping=early_stopping,
                    return_all=return_all)
 
@@ -105,14 +123,10 @@ def beam_search_graph(
     def cond(i, beams, results, model_state):
         return (i < buffer_length) & tf.logical_not(tf.reduce_all(beams["done"]))
 
-    loop_vars = (tf.constant(0, tf.int32), beams, results, step.initial_state)
-    vary_batch = (lambda t: tf.TensorShape([None] + t.shape.as_list()[1:])) if step.can_select else (lambda t: t.shape)
-    invariants = (tf.TensorShape([]), tf.nest.map_structure(vary_batch, beams),
-                  tf.nest.map_structure(lambda t: t.shape, results), step.state_shape_invariants)
-    _, beams, results, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
     # A sentence ends at its length limit at the latest, where the whole new
     # beam finishes: every sentence has finished hypotheses.
-    return _store_finished(results, beams, tf.range(tf.shape(beams["done"])[0]))
+    results = _search_loop(step, cond, body, beams, results)
+    return results["finished_ids"], results["finished_scores"]
 
 
 def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_stopping, return_all):
@@ -170,33 +184,32 @@ def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_
     return updated, model_state
 
 
-def _drop_finished(step, beams, results, model_state):
+def _drop_finished(step, rows, results, model_state):
     """Stores the finished sentences' results and removes them from the batch and the cache.
 
     Dropping copies the state of the sentences that stay (as one step's cache
     append does), so it waits until a fair share of the batch is done.
     """
-    done = beams["done"]
+    done = rows["done"]
     finished = tf.reduce_sum(tf.cast(done, tf.int32))
 
     def drop():
         stay = tf.where(tf.logical_not(done))[:, 0]
-        stored = _store_finished(results, beams, tf.where(done)[:, 0])
-        return tf.nest.map_structure(lambda t: tf.gather(t, stay), beams), stored, step.select(model_state, stay)
+        stored = _store_finished(results, rows, tf.where(done)[:, 0])
+        return tf.nest.map_structure(lambda t: tf.gather(t, stay), rows), stored, step.select(model_state, stay)
 
     def keep():
-        return beams, results, model_state
+        return rows, results, model_state
 
     worth_it = (finished > 0) & (finished * DROP_FINISHED_SHARE >= tf.size(done))
     return tf.cond(worth_it, drop, keep)
 
 
-def _store_finished(results, beams, which):
-    """`results` with the finished hypotheses of the batch rows `which` written at their sentences' rows."""
-    result_ids, result_scores = results
-    sentences = tf.gather(beams["sentence"], which)[:, None]  # [W, 1]
-    return (tf.tensor_scatter_nd_update(result_ids, sentences, tf.gather(beams["finished_ids"], which)),
-            tf.tensor_scatter_nd_update(result_scores, sentences, tf.gather(beams["finished_scores"], which)))
+def _store_finished(results, rows, which):
+    """`results` with `rows[name]` of the batch rows `which` written at their sentences' rows, for each name."""
+    sentences = tf.gather(rows["sentence"], which)[:, None]  # [W, 1]
+    return {name: tf.tensor_scatter_nd_update(tensor, sentences, tf.gather(rows[name], which))
+            for name, tensor in results.items()}
 
 
 def _cannot_improve(alive_log_probs, finished_scores, max_penalty, early_stopping, return_all):

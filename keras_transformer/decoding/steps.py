@@ -140,12 +140,6 @@ def make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, be
 
 
 
-def shape_invariants(loop_vars, step):
-    """Every loop variable keeps its shape, except what the step's state lets change."""
-    return tf.nest.map_structure(lambda tensor: tensor.shape, loop_vars[:-1]) + (step.state_shape_invariants,)
-
-
-
 def _tile_beams(tensor, beam_size):
     """`[B, ...]` -> `[B*K, ...]`, each row repeated K times in a row."""
     if beam_size == 1:
