@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from keras_transformer import compat
 from keras_transformer.decoding.defaults import EXTRA_OUTPUT_LENGTH, NEG_INF
 from keras_transformer.special_ids import PAD_ID
 
@@ -64,9 +65,13 @@ def _log_normalizer(logits, best_logit, best_id):
 
     log P(best) = best_logit - logsumexp, so logsumexp = best_logit - log
     softmax(logits)[best]. The best token's probability is at least 1 / V, so
-    it never underflows, and one fused softmax (oneDNN's on CPU) costs ~0.6x
-    of `tf.reduce_logsumexp`'s max, subtract, exp and sum passes over V.
+    it never underflows. In a plain graph one fused softmax (oneDNN's on CPU)
+    costs 0.25-0.6x of `tf.reduce_logsumexp`'s max, subtract, exp and sum
+    passes over V; XLA fuses those passes itself, and its softmax plus gather
+    made a beam search twice as slow, so it keeps `reduce_logsumexp`.
     """
+    if compat.graph_is_compiled_by_xla():
+        return tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
     best_prob = tf.gather(tf.nn.softmax(logits), best_id, batch_dims=2)  # [R, K, 1]
     return best_logit - tf.math.log(best_prob)
 
