@@ -5,6 +5,8 @@
 - `saved_model`: `export_saved_model`: a SavedModel for TensorFlow Serving,
   strings in, translations out.
 - `ctranslate2`: `export_ctranslate2`: the same weights for CTranslate2.
+- `precision`: the dtype policy a model decodes in; `auto_decoding_precision`
+  (bfloat16 where the CPU computes it natively, else float32).
 - `evaluation`: `corpus_scores`: sacreBLEU, chrF and the lower-cased
   tokenized BLEU of Multi30k papers.
 - `attention_maps`: `attention_weights`, `plot_attention` (the paper's
