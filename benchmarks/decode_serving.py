@@ -17,7 +17,9 @@ Each system first gets its best setting on this machine: every candidate
 (request size x requests in flight for ours; max_batch_size x
 inter_threads/intra_threads for CTranslate2) is started, warmed up and timed
 once, and the fastest is kept. Then the kept systems' timed passes alternate
-for `--repeats` rounds (medians reported). BLEU (lower-cased tokenized, as
+for `--repeats` rounds (medians reported); a row's `setup_rss_mb` and
+`peak_rss_mb` are its worker process's peak resident memory after the
+warm-up and after all runs. BLEU (lower-cased tokenized, as
 Multi30k papers; cased sacreBLEU too) is computed on each system's output,
 and the share of sentences whose translation equals "ours float32"'s.
 
@@ -50,7 +52,8 @@ common.quiet_tensorflow()
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serving_worker.py")
 BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
 OURS_CANDIDATES = [(64, 2), (250, 2), (500, 2), (1000, 1)]  # (sentences per request, requests in flight)
-CT2_CANDIDATES = [(32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]  # (max_batch_size, inter, intra)
+# (max_batch_size, inter_threads, intra_threads)
+CT2_CANDIDATES = [(8, 2, 1), (16, 2, 1), (32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]
 
 
 class Worker:
@@ -177,6 +180,9 @@ def main(argv=None):
                    for name, worker_args, info in chosen]
         try:
             results = common.run_alternating(systems, args.repeats)
+            for result in results:  # memory is the worker's, not this driver's
+                result.setup_rss_mb = workers[result.name].ready["peak_rss_mb"]
+                result.peak_rss_mb = workers[result.name].command("run")["peak_rss_mb"]
             outputs = {}
             for name, worker in workers.items():
                 path = os.path.join(work_dir, name.replace(" ", "_") + ".de")

@@ -174,8 +174,10 @@ def main(argv=None):
         metadata = {key: report[key] for key in ("command", "machine", "date", "step", "epochs", "train_seconds",
                                                   "val_metrics", "best_val_bleu", "beam", "alpha", "sentences")}
         metadata[namespace.eval_split] = {key: scores[key] for key in scores}
+        # float32: the committed model must serve at full speed on any CPU (`keras-transformer export`'s
+        # default, --precision auto, would write bfloat16 on a CPU with AVX512_BF16).
         path = export_saved_model(result.run_dir, namespace.export_dir, beam_size=namespace.beam, alpha=namespace.alpha,
-                                  metadata=metadata)
+                                  metadata=metadata, dtype="float32")
         report["export_path"] = str(path)
         print(f"Exported SavedModel to {path}")
     # The whole job, training to export; the peak resident memory of this process.

@@ -31,7 +31,7 @@ def add_model_options(parser):
     add_search_options(parser)
     parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default=None,
                         help="with a run directory: decode in this precision (default: the one the model was "
-                             "trained with; auto: bfloat16 where the CPU computes it natively, else float32)")
+                             "trained with; auto: bfloat16 where the hardware computes it natively, else float32)")
     parser.add_argument("--checkpoint", default=None,
                         help="with a run directory: use this checkpoint (a path, e.g. from average-checkpoints, "
                              "or 'latest') instead of model.keras")

@@ -27,8 +27,9 @@ def register(subparsers):
                              "of each input, [B, N] (N <= --beam)")
     parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default="auto",
                         help="the precision the exported graph computes in; auto (default): bfloat16 where this "
-                             "CPU computes it natively (AVX512_BF16, AMX-BF16), else float32. The choice is this "
-                             "machine's: export with float32 to serve on CPUs without native bfloat16")
+                             "machine computes it natively (a CPU with AVX512_BF16 or AMX-BF16, GPUs of compute "
+                             "capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs). The choice "
+                             "is this machine's: export with float32 to serve on CPUs without native bfloat16")
     parser.set_defaults(func=run)
 
 

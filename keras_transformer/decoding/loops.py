@@ -23,7 +23,6 @@ def length_penalty(length, alpha):
     return tf.pow((5.0 + length) / 6.0, tf.cast(alpha, tf.float32))
 
 
-
 def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_id, use_cache, max_extra_length,
                         choose_tokens=None):
     """Untrimmed greedy search: `(token_ids [B, L], scores [B])`.
@@ -31,7 +30,9 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
     `choose_tokens(log_probs [B, V], i) -> tokens [B]` picks each step's
     token (default: the most probable; sampling passes a random draw). The
     score adds the chosen tokens' log-probabilities. In a plain graph,
-    finished sentences leave the batch, as in `beam_search_graph`.
+    finished sentences leave the batch, as in `beam_search_graph`, except
+    when sampling: a seeded draw depends on the sentence's row in the batch,
+    so the batch keeps its rows and a seed always gives the same samples.
     """
     batch_size = tf.shape(source_ids)[0]
     buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
@@ -61,28 +62,32 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
         rows = dict(rows, scores=rows["scores"] + tf.where(done, 0.0, token_log_probs),
                     token_ids=write_position(rows["token_ids"], i, tokens),
                     done=done | tf.equal(tokens, eos_id) | (i + 1 >= rows["limits"]))
-        if step.can_select:
+        if step.can_select and choose_tokens is None:
             rows, results, model_state = _drop_finished(step, rows, results, model_state)
         return i + 1, rows, results, model_state
 
     def cond(i, rows, results, model_state):
         return (i < buffer_length) & tf.logical_not(tf.reduce_all(rows["done"]))
 
-    results = _search_loop(step, cond, body, rows, results)
+    results = _search_loop(step, cond, body, rows, results, can_drop=choose_tokens is None)
     return results["token_ids"], results["scores"]
 
 
-def _search_loop(step, cond, body, rows, results):
+def _search_loop(step, cond, body, rows, results, can_drop=True):
     """Runs `body(i, rows, results, model_state)` while `cond`; returns `results` with every row stored.
 
     `rows` holds one row per sentence still in the batch (its batch axis may
-    shrink when `step.can_select`), `results` one per input sentence.
+    shrink when `step.can_select` and `can_drop`), `results` one per input
+    sentence.
     """
+    shrinks = step.can_select and can_drop
     loop_vars = (tf.constant(0, tf.int32), rows, results, step.initial_state)
-    vary_batch = (lambda t: tf.TensorShape([None] + t.shape.as_list()[1:])) if step.can_select else (lambda t: t.shape)
+    vary_batch = (lambda t: tf.TensorShape([None] + t.shape.as_list()[1:])) if shrinks else (lambda t: t.shape)
     invariants = (tf.TensorShape([]), tf.nest.map_structure(vary_batch, rows),
                   tf.nest.map_structure(lambda t: t.shape, results), step.state_shape_invariants)
     _, rows, results, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
+    if not shrinks:  # every sentence kept its row
+        return {name: rows[name] for name in results}
     return _store_finished(results, rows, tf.range(tf.shape(rows["done"])[0]))
 
 

@@ -100,9 +100,9 @@ class _CachedStep:
         return self_cache, tf.gather(ancestry, parents, batch_dims=1), sentences
 
     @staticmethod
-    def select(state, rows):
-        """The state of the sentences `rows [B']` only (batch axis 0 of every tensor)."""
-        return tf.nest.map_structure(lambda tensor: tf.gather(tensor, rows), state)
+    def select(state, keep):
+        """The state of the sentences at batch indices `keep [B']` only (batch axis 0 of every tensor)."""
+        return tf.nest.map_structure(lambda tensor: tf.gather(tensor, keep), state)
 
 
 class _UncachedStep:

@@ -4,9 +4,9 @@ Decoding is a different workload from training: no gradients, no loss
 scaling, and the weights can be stored in the 16-bit type itself, so that no
 step casts them. On a CPU with AVX512_BF16 / AMX-BF16, oneDNN runs bfloat16
 matmuls natively and a SavedModel exported in "bfloat16" translates Multi30k
-test2016 about 1.4x as fast as in float32 (see
-`benchmarks/decode_serving.py`); without those instructions bfloat16 is
-emulated and slower than float32. Softmaxes, layer normalization statistics
+test2016 about 1.6x as fast as in float32 (`benchmarks/decode_serving.py`);
+without those instructions bfloat16 is emulated and slower than float32.
+On GPUs, "auto" follows training's choice (`training.strategy.auto_precision`). Softmaxes, layer normalization statistics
 and the search's log-probabilities stay in float32 in every precision.
 """
 

@@ -274,8 +274,9 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
             "latest") instead of the final `model.keras`.
         dtype: for a run directory, the dtype policy the exported graph
             computes in: "auto" (default) picks "bfloat16" where this
-            machine computes it natively (AVX512_BF16 / AMX-BF16), else
-            "float32" (`inference.precision.auto_decoding_precision`); None
+            machine computes it natively (a CPU with AVX512_BF16 / AMX-BF16,
+            or Ampere+ GPUs), else "float32"
+            (`inference.precision.auto_decoding_precision`); None
             keeps the model's own. Recorded in `export.json` ("precision",
             and "precision_choice" with the reason for "auto").
         n_best: also export the signature "translate_n_best": inputs

@@ -270,7 +270,8 @@ class Translator(tf.Module):
         """A translator for the final model of a training run directory.
 
         `dtype`: decode under this dtype policy ("float32", "bfloat16",
-        "mixed_bfloat16", or "auto": `inference.precision.auto_decoding_precision`);
+        "mixed_bfloat16", "mixed_float16", or "auto":
+        `inference.precision.auto_decoding_precision`);
         default the precision the model was trained with. `checkpoint`: a
         checkpoint (or averaged weights) path, or "latest", instead of the
         final `model.keras`.
