@@ -327,12 +327,8 @@ class SourceLengthModel:
     def __init__(self):
         self.rows = tf.Variable(0)
 
-    def encode(self, source_ids, training=None):
-        return tf.zeros(tf.concat([tf.shape(source_ids), [2]], 0))
-
-    def init_cache(self, memory, max_length):
-        batch = tf.shape(memory)[0]
-        return {"self": [(tf.zeros([batch, 1, max_length, 2]),) * 2], "cross": [(memory, memory)]}
+    encode = ScriptedModel.encode
+    init_cache = ScriptedModel.init_cache
 
     def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
                     self_attention_mask=None):

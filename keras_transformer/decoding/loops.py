@@ -46,6 +46,7 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
         sentence=tf.range(batch_size),  # [B]: the row of the sentence in the input and results
     )
     results = {"token_ids": rows["token_ids"], "scores": rows["scores"]}
+    drops_finished = step.can_select and choose_tokens is None
 
     def body(i, rows, results, model_state):
         logits, model_state = step(i, rows["token_ids"][:, None], model_state)  # [B, 1, V]
@@ -62,25 +63,24 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
         rows = dict(rows, scores=rows["scores"] + tf.where(done, 0.0, token_log_probs),
                     token_ids=write_position(rows["token_ids"], i, tokens),
                     done=done | tf.equal(tokens, eos_id) | (i + 1 >= rows["limits"]))
-        if step.can_select and choose_tokens is None:
+        if drops_finished:
             rows, results, model_state = _drop_finished(step, rows, results, model_state)
         return i + 1, rows, results, model_state
 
     def cond(i, rows, results, model_state):
         return (i < buffer_length) & tf.logical_not(tf.reduce_all(rows["done"]))
 
-    results = _search_loop(step, cond, body, rows, results, can_drop=choose_tokens is None)
+    results = _search_loop(step, cond, body, rows, results, drops_finished)
     return results["token_ids"], results["scores"]
 
 
-def _search_loop(step, cond, body, rows, results, can_drop=True):
+def _search_loop(step, cond, body, rows, results, shrinks):
     """Runs `body(i, rows, results, model_state)` while `cond`; returns `results` with every row stored.
 
-    `rows` holds one row per sentence still in the batch (its batch axis may
-    shrink when `step.can_select` and `can_drop`), `results` one per input
-    sentence.
+    `rows` holds one row per sentence still in the batch (its batch axis
+    shrinks if `shrinks`: `body` drops finished sentences), `results` one per
+    input sentence.
     """
-    shrinks = step.can_select and can_drop
     loop_vars = (tf.constant(0, tf.int32), rows, results, step.initial_state)
     vary_batch = (lambda t: tf.TensorShape([None] + t.shape.as_list()[1:])) if shrinks else (lambda t: t.shape)
     invariants = (tf.TensorShape([]), tf.nest.map_structure(vary_batch, rows),
@@ -121,7 +121,7 @@ def beam_search_graph(
 
     def body(i, beams, results, model_state):
         beams, model_state = _beam_step(step, i, beams, model_state, **options)
-        if step.can_select:
+        if step.can_select:  # a plain graph: finished sentences leave the batch
             beams, results, model_state = _drop_finished(step, beams, results, model_state)
         return i + 1, beams, results, model_state
 
@@ -130,7 +130,7 @@ def beam_search_graph(
 
     # A sentence ends at its length limit at the latest, where the whole new
     # beam finishes: every sentence has finished hypotheses.
-    results = _search_loop(step, cond, body, beams, results)
+    results = _search_loop(step, cond, body, beams, results, step.can_select)
     return results["finished_ids"], results["finished_scores"]
 
 

@@ -195,7 +195,7 @@ def _make_translator(source, options, checkpoint, dtype):
         run_dir = os.fspath(source)
         if not os.path.isdir(run_dir):
             raise FileNotFoundError(f"{run_dir}: no such run directory.")
-        model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=resolve_decoding_precision(dtype)[0])
+        model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=dtype)
         defaults = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
                         max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
         return Translator(model, tokenizer, **{k: defaults[k] if options[k] is None else options[k] for k in names})
@@ -310,6 +310,9 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
 
     options = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
                    max_input_length=max_input_length, early_stopping=early_stopping)
+    precision_choice = None
+    if isinstance(source, (str, os.PathLike)):  # "auto" resolved once, for the model and for export.json
+        dtype, precision_choice = resolve_decoding_precision(dtype)
     translator = _make_translator(source, options, checkpoint, dtype)
     if n_best is not None:
         translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
@@ -324,8 +327,7 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         with open(asset_paths[ASSET_FILENAME], "wb") as f:
             f.write(translator.tokenizer.model_proto)
         with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
-            choice = resolve_decoding_precision(dtype)[1] if isinstance(source, (str, os.PathLike)) else None
-            json.dump(_export_info(translator, version, source, n_best, metadata, choice), f, indent=2,
+            json.dump(_export_info(translator, version, source, n_best, metadata, precision_choice), f, indent=2,
                       sort_keys=True)
         module = _ServingModule(translator, asset_paths, n_best)
         try:
