@@ -143,6 +143,22 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
 
 
+def _argmax(logits):
+    """int32 index of the largest logit over the last axis (the first one of ties).
+
+    On TensorFlow, `tf.argmax` itself: Keras' `ops.argmax` first rewrites
+    -0.0 (a flush-to-zero workaround) in five more passes over the logits,
+    which made it 3.5x slower than the argmax and the accuracy metric ~7% of
+    a small model's training step. Logits of -0.0 and 0.0 compare equal
+    either way.
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.argmax(logits, axis=-1, output_type=tf.int32)
+    return ops.cast(ops.argmax(logits, axis=-1), "int32")
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MaskedAccuracy(keras.metrics.Mean):
     """Teacher-forced token accuracy over non-padding tokens.
@@ -162,7 +178,7 @@ class MaskedAccuracy(keras.metrics.Mean):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         labels = ops.cast(y_true, "int32")
-        predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        predictions = _argmax(y_pred)
         correct = ops.cast(ops.equal(predictions, labels), "float32")
         weights = ops.cast(labels != self.pad_id, "float32")
         if sample_weight is not None:

@@ -4,6 +4,7 @@
 - `feed_forward`: FeedForward (§3.3)
 - `embedding`: SharedEmbedding (§3.4)
 - `positional_encoding`: PositionalEncoding, LearnedPositionalEmbedding (§3.5)
+- `layer_norm`: LayerNormalization with a closed-form gradient (§3.1)
 - `sublayer`: SublayerConnection, the residual + LayerNorm of §3.1 / §5.4
 - `initialization`: initializer_for_weight, one initializer copy per weight
 - `base`: TransformerLayer, TransformerStack, what encoder and decoder share
@@ -17,6 +18,7 @@ from keras_transformer.layers.decoder import Decoder, DecoderLayer
 from keras_transformer.layers.embedding import SharedEmbedding
 from keras_transformer.layers.encoder import Encoder, EncoderLayer
 from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.layer_norm import LayerNormalization
 from keras_transformer.layers.positional_encoding import (
     LearnedPositionalEmbedding,
     PositionalEncoding,
@@ -30,6 +32,7 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "LayerNormalization",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "PositionalEncoding",

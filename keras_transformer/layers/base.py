@@ -11,6 +11,7 @@ import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.layer_norm import LayerNormalization
 from keras_transformer.layers.sublayer import SublayerConnection
 
 
@@ -169,7 +170,7 @@ class TransformerStack(keras.layers.Layer):
             layers.append(layer)
         self.final_norm = None
         if self.layer_kwargs["norm_first"]:
-            self.final_norm = keras.layers.LayerNormalization(
+            self.final_norm = LayerNormalization(
                 epsilon=self.layer_kwargs["layer_norm_epsilon"], dtype=self.dtype_policy, name="final_norm"
             )
             self.final_norm.build(shapes[0])

@@ -6,6 +6,8 @@ Pre-LN, an option (Xiong et al., 2020): `x + Dropout(Sublayer(LayerNorm(x)))`.
 
 import keras
 
+from keras_transformer.layers.layer_norm import LayerNormalization
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class SublayerConnection(keras.layers.Layer):
@@ -36,7 +38,7 @@ class SublayerConnection(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape, sublayer_output_shape=None):
-        self.layer_norm = keras.layers.LayerNormalization(
+        self.layer_norm = LayerNormalization(
             epsilon=self.epsilon, dtype=self.dtype_policy, name="layer_norm"
         )
         self.layer_norm.build(inputs_shape)
