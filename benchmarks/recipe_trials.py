@@ -182,6 +182,14 @@ def score(name, run_dir, wall_seconds=None, command=None, only_final=False):
 
 
 
+def _previous_notes(path):
+    """The notes of an earlier table at `path`, so that a new table keeps them: `{trial: note}`."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return {row["name"]: row["note"] for row in json.load(f)["trials"] if row.get("note")}
+
+
 def table(rows):
     headers = ["trial", "steps", "epochs", "train min", "val loss", "val BLEU", "val tok BLEU", "avg10 tok",
                "best-ckpt tok", "best search (tok)"]
@@ -237,7 +245,11 @@ def main(argv=None):
             command = args.command or ("python " + " ".join(trial_command(name)) if name in TRIALS else None)
             score(name, run_dir, command=command, only_final=args.only_final)
     else:
-        notes = dict(item.partition("=")[::2] for item in args.note)
+        target = args.json or os.path.join(common.ROOT, "benchmarks", "results",
+                                           "avx512_bf16" if "avx512_bf16" in common.cpu_flags() else "avx2",
+                                           "recipe_trials.json")
+        notes = _previous_notes(target)
+        notes.update(item.partition("=")[::2] for item in args.note)
         rows = []
         for name in sorted(os.listdir(args.trials_dir)):
             path = os.path.join(args.trials_dir, name, SCORES_FILENAME)
@@ -249,9 +261,6 @@ def main(argv=None):
                 if "tokens_per_sec_per_epoch" not in rows[-1]:  # rows scored before the field existed
                     history = _read_csv(os.path.join(args.trials_dir, name, "history.csv"))
                     rows[-1]["tokens_per_sec_per_epoch"] = [round(float(r["tokens_per_sec"])) for r in history]
-        target = args.json or os.path.join(common.ROOT, "benchmarks", "results",
-                                           "avx512_bf16" if "avx512_bf16" in common.cpu_flags() else "avx2",
-                                           "recipe_trials.json")
         payload = dict(versions=common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu"]),
                        note="validation split only (Multi30k val, 1,014 sentences); test2016 is never decoded here",
                        trials=rows)
