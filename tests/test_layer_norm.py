@@ -56,6 +56,13 @@ def test_mixed_bfloat16_computes_in_float32_and_returns_bfloat16():
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2, err_msg=name)
 
 
+def test_float64_stays_float64():
+    x = np.random.default_rng(4).standard_normal((2, 3, 8))
+    ours, reference = _pair(x.shape, dtype="float64")
+    assert ours(x).dtype == "float64"
+    np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(reference(x)), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("kwargs", [dict(axis=1), dict(center=False), dict(scale=False)])
 def test_other_configurations_fall_back_to_keras(kwargs):
     x = np.random.default_rng(3).standard_normal((2, 6, 8)).astype("float32")

@@ -40,12 +40,13 @@ def _normalize(x, epsilon):
 class LayerNormalization(keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization` whose backward pass is one closed-form expression.
 
-    Same weights (`gamma`, `beta`), config and results as the Keras layer, so
-    checkpoints move freely between the two. Normalizing over the last axis
-    with both a scale and a shift, the case of every Transformer layer,
-    computes in float32 (whatever the dtype policy: bf16 statistics lose the
-    small variances) with the closed-form gradient; any other configuration
-    falls back to the Keras computation.
+    Same weights (`gamma`, `beta`) and config as the Keras layer, and the
+    same results up to float rounding, so checkpoints move freely between
+    the two. Normalizing over the last axis with both a scale and a shift,
+    the case of every Transformer layer, uses the closed-form gradient,
+    computed like Keras' in at least float32 whatever the dtype policy
+    (bf16 statistics lose small variances); any other configuration falls
+    back to the Keras computation.
 
     Args:
         epsilon: added to the variance; 1e-6 in the Transformer's layers.
@@ -56,7 +57,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
     Example:
     >>> layer = LayerNormalization(epsilon=1e-6)
-    >>> y = layer(ops.array([[1.0, 3.0], [-4.0, 4.0]]))  # mean 0, variance 1 per row, then gamma = 1, beta = 0
+    >>> y = layer(ops.array([[1.0, 3.0], [-4.0, 4.0]]))  # each row to mean 0, variance 1; gamma 1, beta 0
     >>> [[round(float(v), 4) for v in row] for row in y]
     [[-1.0, 1.0], [-1.0, 1.0]]
     """
@@ -70,6 +71,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
     def call(self, inputs):
         if not self._closed_form:
             return super().call(inputs)
-        x = ops.cast(inputs, "float32")
-        outputs = _normalize(x, self.epsilon) * ops.cast(self.gamma, "float32") + ops.cast(self.beta, "float32")
+        dtype = keras.backend.result_type(inputs.dtype, "float32")
+        x = ops.cast(inputs, dtype)
+        outputs = _normalize(x, self.epsilon) * ops.cast(self.gamma, dtype) + ops.cast(self.beta, dtype)
         return ops.cast(outputs, self.compute_dtype)
