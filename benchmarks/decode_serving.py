@@ -69,7 +69,8 @@ class Worker:
         line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"worker {self.process.args} died (exit {self.process.wait()})")
-        return json.loads(line)
+        self.last_reply = json.loads(line)
+        return self.last_reply
 
     def command(self, *words):
         self.process.stdin.write(" ".join(words) + "\n")
@@ -180,9 +181,9 @@ def main(argv=None):
                    for name, worker_args, info in chosen]
         try:
             results = common.run_alternating(systems, args.repeats)
-            for result in results:  # memory is the worker's, not this driver's
+            for result in results:  # memory is the worker's, not this driver's: after warm-up, after the last run
                 result.setup_rss_mb = workers[result.name].ready["peak_rss_mb"]
-                result.peak_rss_mb = workers[result.name].command("run")["peak_rss_mb"]
+                result.peak_rss_mb = workers[result.name].last_reply["peak_rss_mb"]
             outputs = {}
             for name, worker in workers.items():
                 path = os.path.join(work_dir, name.replace(" ", "_") + ".de")

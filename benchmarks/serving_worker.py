@@ -13,7 +13,9 @@ penalty 0.6 and at most source + 50 tokens, as the SavedModel decodes.
 Protocol (one JSON object per line): it prints {"ready": ...} after a warm-up
 pass; each "run" read on stdin makes one timed pass over all sentences and
 prints {"seconds": ..., "peak_rss_mb": ...}; "translations PATH" writes the last pass's output,
-one line per sentence; "quit" ends it.
+one line per sentence; "quit" ends it. Peak memory is VmHWM, which starts anew
+at exec (`ru_maxrss` would not do: Linux keeps it across fork and exec, so a
+worker would report its parent's peak).
 """
 
 import concurrent.futures
@@ -21,6 +23,8 @@ import json
 import os
 import sys
 import time
+
+import common  # stdlib only: the worker still imports nothing of the systems it does not time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -63,19 +67,6 @@ def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compu
     return translate
 
 
-def peak_rss_mb():
-    """This process's peak resident memory in MiB: VmHWM, which starts anew at exec.
-
-    (`ru_maxrss` would not do: Linux keeps it across fork and exec, so a
-    worker would report its parent's peak.)
-    """
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def main(argv):
     kind, path, sentences_file, *options = argv
     with open(sentences_file, encoding="utf-8") as f:
@@ -85,13 +76,14 @@ def main(argv):
     started = time.perf_counter()
     output = translate()  # warm-up: traces, allocates, spins up threads
     print(json.dumps({"ready": True, "warmup_seconds": time.perf_counter() - started,
-                      "peak_rss_mb": peak_rss_mb()}), flush=True)
+                      "peak_rss_mb": common.window_peak_rss_mb()}), flush=True)
     for line in sys.stdin:
         command = line.split()
         if command[0] == "run":
             started = time.perf_counter()
             output = translate()
-            print(json.dumps({"seconds": time.perf_counter() - started, "peak_rss_mb": peak_rss_mb()}), flush=True)
+            print(json.dumps({"seconds": time.perf_counter() - started, "peak_rss_mb": common.window_peak_rss_mb()}),
+                  flush=True)
         elif command[0] == "translations":
             with open(command[1], "w", encoding="utf-8") as f:
                 f.write("".join(t.replace("\n", " ") + "\n" for t in output))
