@@ -59,6 +59,48 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
+class Cooldown(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule times a factor that the training loop lowers from 1 to 0 at the end of a run.
+
+    Not the paper's: equation (3) only decays with the inverse square root of
+    the step (§5.3), and the paper averages checkpoints instead (§6.1). Short
+    runs end with a high rate; bringing it down to zero over the run's last
+    steps (the "cooldown" of warmup-stable-decay schedules, Hägele et al.,
+    2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training
+    Durations") lands the weights where averaging only approximates.
+
+    The factor is a variable rather than a function of the step because a run
+    stopped by a time budget learns its last step only as the time runs out:
+    `training.callbacks.LinearCooldown` sets it before every step from the
+    run's progress. At 1.0 (its initial value) this is the wrapped schedule.
+
+    Args:
+        schedule: the schedule to scale (a `LearningRateSchedule`, or its
+            serialized config).
+        factor: the factor's initial value.
+
+    Example:
+    >>> schedule = Cooldown(TransformerSchedule(512))
+    >>> _ = schedule.factor.assign(0.5)
+    >>> round(float(schedule(3999)) / float(TransformerSchedule(512)(3999)), 6)
+    0.5
+    """
+
+    def __init__(self, schedule, factor=1.0):
+        if isinstance(schedule, dict):
+            schedule = keras.saving.deserialize_keras_object(schedule)
+        self.schedule = schedule
+        self.factor = keras.Variable(factor, dtype="float32", trainable=False, name="cooldown_factor")
+
+    def __call__(self, step):
+        return self.schedule(step) * ops.convert_to_tensor(self.factor)
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
+                "factor": float(ops.convert_to_numpy(self.factor))}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
 class FusedAdam(keras.optimizers.Adam):
     """`keras.optimizers.Adam` whose dense updates run as one fused kernel per variable (§5.3).
 
@@ -110,12 +152,15 @@ def _handle(variable):
     return variable.handle
 
 
-def create_optimizer(d_model, warmup_steps=4000, scale=1.0, **kwargs):
+def create_optimizer(d_model, warmup_steps=4000, scale=1.0, cooldown=False, **kwargs):
     """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on `TransformerSchedule` (§5.3).
 
-    Returns a `FusedAdam` (Keras' Adam with fused TF updates). Extra keyword
-    arguments go to it (e.g. `clipnorm`).
+    Returns a `FusedAdam` (Keras' Adam with fused TF updates). With
+    `cooldown`, the schedule is wrapped in a `Cooldown` (not the paper's; a
+    training option). Extra keyword arguments go to the optimizer (e.g.
+    `clipnorm`).
     """
     options = dict(beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     options.update(kwargs)
-    return FusedAdam(learning_rate=TransformerSchedule(d_model, warmup_steps, scale), **options)
+    schedule = TransformerSchedule(d_model, warmup_steps, scale)
+    return FusedAdam(learning_rate=Cooldown(schedule) if cooldown else schedule, **options)

@@ -125,6 +125,10 @@ def _add_schedule_flags(parser, d):
                           help="warmup of equation (3) (§5.3; default %(default)s)")
     schedule.add_argument("--lr-scale", type=float, default=d.lr_scale,
                           help="multiplier on equation (3) (default %(default)s)")
+    schedule.add_argument("--cooldown", type=float, default=d.cooldown, metavar="FRACTION",
+                          help="lower the learning rate linearly to zero over this last fraction of the run (of "
+                               "--time-budget or of the steps, whichever ends it; not in the paper; "
+                               "default %(default)s: none)")
 
 
 def _add_run_flags(parser, d):

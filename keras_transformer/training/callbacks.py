@@ -44,6 +44,38 @@ def current_learning_rate(optimizer, iterations=None):
     return float(np.asarray(inner.learning_rate))
 
 
+def cooldown_factor(step, total_steps, fraction, seconds=0.0, budget_seconds=None):
+    """The learning-rate factor of the update after `step` updates: 1 until the last `fraction` of the run,
+    then falling linearly to 0 at its end (`optimization.Cooldown`).
+
+    The run's progress is `step / total_steps`, or its training time over the
+    time budget if that is further along (the budget will end it first).
+    """
+    progress = step / total_steps
+    if budget_seconds:
+        progress = max(progress, seconds / budget_seconds)
+    return min(1.0, max(0.0, (1.0 - progress) / fraction))
+
+
+class LinearCooldown(keras.callbacks.Callback):
+    """Sets the `optimization.Cooldown` factor of the model's optimizer before every step (`cooldown_factor`).
+
+    Stateless: a resumed run computes the same factor from its step and the
+    training time its backup recorded.
+    """
+
+    def __init__(self, run, monitor, total_steps, fraction):
+        super().__init__()
+        self.run, self.monitor, self.total_steps, self.fraction = run, monitor, total_steps, fraction
+
+    def on_train_batch_begin(self, batch, logs=None):
+        budget = self.run.args.time_budget
+        factor = cooldown_factor(self.monitor.step, self.total_steps, self.fraction, self.run.training_seconds(),
+                                 60.0 * budget if budget is not None else None)
+        optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
+        compat.learning_rate_schedule(optimizer).factor.assign(factor)
+
+
 class RunMonitor(keras.callbacks.Callback):
     """Step counting, checkpoints, the stop at the last step, and what the run shows.
 

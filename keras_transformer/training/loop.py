@@ -209,6 +209,7 @@ def _build_model(state):
         model = Transformer(state.model_config)
         model.compile(
             optimizer=create_optimizer(state.model_config.d_model, args.warmup_steps, args.lr_scale,
+                                       cooldown=args.cooldown > 0,
                                        **(dict(use_ema=True, ema_momentum=args.ema) if args.ema else {})),
             metrics=[MaskedAccuracy()] + run_callbacks.count_metrics(),
             jit_compile=bool(args.xla),
@@ -246,7 +247,10 @@ def _fit(state, callbacks):
                 os.remove(path)
     _print_plan(state)
     monitor = run_callbacks.RunMonitor(run, start, total, validator=state.validator)
-    all_callbacks = [monitor, keras.callbacks.TerminateOnNaN(),
+    all_callbacks = [monitor]
+    if args.cooldown:
+        all_callbacks.append(run_callbacks.LinearCooldown(run, monitor, total, args.cooldown))
+    all_callbacks += [keras.callbacks.TerminateOnNaN(),
                      run_callbacks.FixedColumnsCSVLogger(run.path(HISTORY_FILENAME), state.validation is not None,
                                                          with_bleu=state.validator is not None)]
     if run_callbacks.tensorboard_available():

@@ -17,7 +17,7 @@ PRECISION_CHOICES = ("auto",) + PRECISIONS
 # Options whose change would make a resumed run a different experiment: a
 # resume with another value is refused (the model config is compared too).
 RESUME_FIXED = ("data", "src", "tgt", "vocab_size", "batch_tokens", "seed", "batch_multiple", "max_length",
-                "warmup_steps", "lr_scale", "precision")
+                "warmup_steps", "lr_scale", "cooldown", "precision")
 
 
 @dataclasses.dataclass
@@ -55,6 +55,11 @@ class TrainingArgs:
             MultiWorkerMirroredStrategy (each worker would stop at its own step).
         steps_per_epoch: steps per epoch for streamed (`tfds:`) corpora.
         warmup_steps, lr_scale: equation (3) of §5.3.
+        cooldown: over this last fraction of the run the learning rate falls
+            linearly to zero (`optimization.Cooldown`; not the paper's, whose
+            rate only decays with equation (3)). The run's progress is its
+            step over the last step, or with a time budget its training time
+            over the budget, whichever is further. 0 (default): none.
     Starting point:
         init_from: a run directory whose model configuration, vocabulary
             and weights this run starts from (fine-tuning, continued
@@ -112,6 +117,7 @@ class TrainingArgs:
     time_budget: Optional[float] = None
     warmup_steps: int = 4000
     lr_scale: float = 1.0
+    cooldown: float = 0.0
     precision: str = "float32"
     xla: bool = False
     seed: int = 0
@@ -167,6 +173,8 @@ class TrainingArgs:
             raise ValueError("keep_checkpoints must be >= 1 and average_last >= 0.")
         if isinstance(self.subword_sampling, bool) or not 0.0 <= self.subword_sampling <= 1.0:
             raise ValueError(f"subword_sampling must be in [0, 1], got {self.subword_sampling!r}.")
+        if isinstance(self.cooldown, bool) or not 0.0 <= self.cooldown <= 1.0:
+            raise ValueError(f"cooldown must be a fraction of the run in [0, 1], got {self.cooldown!r}.")
         if not self.lr_scale > 0:
             raise ValueError(f"lr_scale must be positive, got {self.lr_scale!r}.")
 
