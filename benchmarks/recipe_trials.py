@@ -18,7 +18,6 @@ machine) and prints it as a markdown table.
 """
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -125,19 +124,14 @@ def score_variants(run_dir, only_final=False):
     return variants
 
 
-def _read_csv(path):
-    if not os.path.exists(path):
-        return []
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
 def summarize(name, run_dir, wall_seconds=None, command=None, only_final=False):
     """One trial's row: its options, how far it trained and how it scores on validation."""
+    from keras_transformer.run_dir import read_csv
+
     with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
         config = json.load(f)
-    history = _read_csv(os.path.join(run_dir, "history.csv"))
-    bleu = _read_csv(os.path.join(run_dir, "bleu.csv"))
+    history = read_csv(os.path.join(run_dir, "history.csv"))
+    bleu = read_csv(os.path.join(run_dir, "bleu.csv"))
     # The demo script's report: train time, speed and the final model's validation loss, whatever split it scored.
     report = {}
     for split in ("val", "test2016"):
@@ -261,7 +255,9 @@ def main(argv=None):
                 if name in notes:
                     rows[-1]["note"] = notes[name]
                 if "tokens_per_sec_per_epoch" not in rows[-1]:  # rows scored before the field existed
-                    history = _read_csv(os.path.join(args.trials_dir, name, "history.csv"))
+                    from keras_transformer.run_dir import read_csv
+
+                    history = read_csv(os.path.join(args.trials_dir, name, "history.csv"))
                     rows[-1]["tokens_per_sec_per_epoch"] = [round(float(r["tokens_per_sec"])) for r in history]
         payload = dict(versions=common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu"]),
                        note="validation split only (Multi30k val, 1,014 sentences); test2016 is never decoded here",

@@ -53,6 +53,16 @@ def atomic_write_text(path, text):
     os.replace(tmp, path)
 
 
+def read_csv(path):
+    """The rows of one of the run's CSV logs (history.csv, steps.csv, bleu.csv) as dicts; [] if absent."""
+    import csv
+
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
 def checkpoint_path(directory, step):
     """`directory/ckpt-{step:08d}.weights.h5`."""
     return os.path.join(directory, f"ckpt-{step:08d}.weights.h5")

@@ -4,12 +4,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import csv  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
+
+from keras_transformer import run_dir as run_layout  # noqa: E402
 
 # A script that tests/test_distributed.py runs in subprocesses: not a test module, and
 # `--doctest-modules` (pytest.ini) must not import it.
@@ -27,9 +28,9 @@ def new_run_dir(path, spm_model):
 
 
 def read_csv(path):
-    """The rows of a CSV file of a run directory (history.csv, steps.csv, ...) as dicts."""
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+    """The rows of a CSV log of a run directory (history.csv, steps.csv, ...) as dicts; it must exist."""
+    assert os.path.exists(path), f"no {path}"
+    return run_layout.read_csv(path)
 
 
 @pytest.fixture(scope="session")

@@ -121,6 +121,27 @@ def test_evaluate_refuses_misaligned_files(tiny_run_dir, tmp_path):
         cli.main(["evaluate", "--model", tiny_run_dir, "--src", str(src), "--ref", str(ref)])
 
 
+def test_input_files_with_bad_bytes_or_missing_are_clear_errors(tiny_run_dir, tmp_path):
+    good, bad = tmp_path / "good.en", tmp_path / "bad.de"
+    good.write_text("a\nb\n", encoding="utf-8")
+    bad.write_bytes(b"ein Hund\nzwei \xff Hunde\n")
+    with pytest.raises(SystemExit, match=r"evaluate: .*bad.de: line 2: invalid UTF-8"):
+        cli.main(["evaluate", "--model", tiny_run_dir, "--src", str(good), "--ref", str(bad)])
+    with pytest.raises(SystemExit, match=r"translate: .*bad.de: line 2: invalid UTF-8"):
+        cli.main(["translate", "--model", tiny_run_dir, "--input", str(bad)])
+    with pytest.raises(SystemExit, match=r"score: no such file: .*nope.de"):
+        cli.main(["score", "--model", tiny_run_dir, "--src", str(good), "--tgt", str(tmp_path / "nope.de")])
+
+
+def test_input_lines_split_on_line_feeds_only(tiny_run_dir, tmp_path, capsys):
+    # A carriage return inside a line (or a CRLF ending) does not start a new sentence.
+    src = tmp_path / "src.en"
+    src.write_bytes(b"A dog\rruns.\r\nTwo men talk.\n")
+    out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--input", str(src)], capsys)
+    expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(["A dog runs.", "Two men talk."])
+    assert out.out == "\n".join(expected) + "\n"
+
+
 def test_scores_of_reference_against_itself_and_of_the_source():
     references = read_newstest2014("de")
     assert corpus_scores(references, references)["bleu"] == pytest.approx(100.0)

@@ -3,6 +3,7 @@
 import json
 
 from keras_transformer.cli.decoding_options import add_model_options, load_translator
+from keras_transformer.cli.text_files import read_lines
 
 
 def register(subparsers):
@@ -29,19 +30,17 @@ def run(args):
     if args.multi30k:
         if args.src or args.ref:
             raise SystemExit("evaluate: give --multi30k SPLIT or --src and --ref, not both.")
-        from keras_transformer.data.corpora import read_lines
+        from keras_transformer.data import corpora
 
         try:
-            sources, references = read_lines(args.multi30k, args.src_lang), read_lines(args.multi30k, args.tgt_lang)
+            sources = corpora.read_lines(args.multi30k, args.src_lang)
+            references = corpora.read_lines(args.multi30k, args.tgt_lang)
         except ValueError as error:
             raise SystemExit(f"evaluate --multi30k {args.multi30k}: {error}") from None
     elif not (args.src and args.ref):
         raise SystemExit("evaluate: give --src and --ref (files), or --multi30k SPLIT.")
     else:
-        with open(args.src, encoding="utf-8") as f:
-            sources = [line.rstrip("\n") for line in f]
-        with open(args.ref, encoding="utf-8") as f:
-            references = [line.rstrip("\n") for line in f]
+        sources, references = read_lines(args.src, "evaluate"), read_lines(args.ref, "evaluate")
     if len(sources) != len(references):
         raise SystemExit(f"evaluate: {args.src} has {len(sources)} lines but {args.ref} has {len(references)}.")
     translator = load_translator(args)

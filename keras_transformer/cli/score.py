@@ -2,6 +2,8 @@
 
 import sys
 
+from keras_transformer.cli.text_files import read_lines
+
 
 def register(subparsers):
     parser = subparsers.add_parser(
@@ -25,10 +27,7 @@ def run(args):
     if is_saved_model(args.model):
         raise SystemExit(f"score: {args.model} is an exported SavedModel, which translates but does not score; "
                          "give the training run directory.")
-    with open(args.src, encoding="utf-8", errors="replace") as f:
-        sources = [line.rstrip("\n") for line in f]
-    with open(args.tgt, encoding="utf-8", errors="replace") as f:
-        targets = [line.rstrip("\n") for line in f]
+    sources, targets = read_lines(args.src, "score"), read_lines(args.tgt, "score")
     if len(sources) != len(targets):
         raise SystemExit(f"score: {args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}.")
     translator = Translator.from_run_dir(args.model, checkpoint=args.checkpoint)

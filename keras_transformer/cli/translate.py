@@ -3,6 +3,7 @@
 import sys
 
 from keras_transformer.cli.decoding_options import add_model_options, load_translator
+from keras_transformer.cli.text_files import read_lines
 
 
 def register(subparsers):
@@ -31,8 +32,7 @@ def read_sentences(args):
     if args.sentences:
         return list(args.sentences)
     if args.input and args.input != "-":
-        with open(args.input, encoding="utf-8", errors="replace") as f:
-            return [line.rstrip("\n") for line in f]
+        return read_lines(args.input, "translate")
     return [line.rstrip("\n") for line in sys.stdin]
 
 

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 
-from keras_transformer.run_dir import CURVES_FILENAME, HISTORY_FILENAME, STEPS_FILENAME
-
-
-def read_csv(path):
-    if not os.path.exists(path):
-        return []
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+from keras_transformer.run_dir import CURVES_FILENAME, HISTORY_FILENAME, STEPS_FILENAME, read_csv
 
 
 def _float(value):

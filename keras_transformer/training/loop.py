@@ -43,12 +43,13 @@ from keras_transformer.run_dir import (
     atomic_write_text,
     list_checkpoints,
     read_config,
+    read_csv,
 )
 from keras_transformer.training import callbacks as run_callbacks
 from keras_transformer.training import init_from
 from keras_transformer.training import strategy as strategies
 from keras_transformer.training.averaging import average_checkpoints
-from keras_transformer.training.curves import plot_curves, read_csv
+from keras_transformer.training.curves import plot_curves
 from keras_transformer.training.options import RESUME_FIXED, TrainingArgs, TrainingResult
 from keras_transformer.training.run import Run
 from keras_transformer.training.stream import TrainingData
