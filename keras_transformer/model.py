@@ -177,12 +177,13 @@ class Transformer(keras.Model):
 
         Outside XLA, `max_length=0` gives an empty self-attention cache that
         grows with each `decode_step` (what graph-mode beam search uses).
-        The decoder's self- and cross-attention caches (`Decoder.init_cache`)
-        and `"output_kernel"`, the pre-softmax matrix transposed once for the
-        whole search (`SharedEmbedding.project`).
+        The decoder's self- and cross-attention caches (`Decoder.init_cache`,
+        with a batch axis) and `"shared"`, what every sentence uses alike (no
+        batch axis): `{"output_kernel": ...}`, the pre-softmax matrix
+        transposed once for the whole search (`SharedEmbedding.project`).
         """
         cache = self.decoder.init_cache(memory, max_length)
-        cache["output_kernel"] = self.output_projection.transposed_kernel()
+        cache["shared"] = {"output_kernel": self.output_projection.transposed_kernel()}
         return cache
 
     def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
@@ -219,7 +220,7 @@ class Transformer(keras.Model):
             self_attention_mask=self_attention_mask,
             training=False,
         )
-        return self._logits(y, transposed_kernel=cache.get("output_kernel")), cache
+        return self._logits(y, transposed_kernel=cache.get("shared", {}).get("output_kernel")), cache
 
     # Training setup --------------------------------------------------------------------
 

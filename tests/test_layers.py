@@ -26,18 +26,20 @@ def numpy_multi_head_attention(layer, query, memory, mask=None):
     wq, wk, wv, wo = (np.asarray(w) for w in (layer.query_kernel, layer.key_kernel,
                                              layer.value_kernel, layer.output_kernel))
     n, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
+    bq, bk, bv, bo = ((np.asarray(b) for b in (layer.query_bias, layer.key_bias, layer.value_bias, layer.output_bias))
+                      if layer.use_bias else (np.zeros(n * dk), np.zeros(n * dk), np.zeros(n * dv), 0.0))
     heads = []
     for i in range(n):
-        q = query @ wq[:, i * dk:(i + 1) * dk]
-        k = memory @ wk[:, i * dk:(i + 1) * dk]
-        v = memory @ wv[:, i * dv:(i + 1) * dv]
+        q = query @ wq[:, i * dk:(i + 1) * dk] + bq[i * dk:(i + 1) * dk]
+        k = memory @ wk[:, i * dk:(i + 1) * dk] + bk[i * dk:(i + 1) * dk]
+        v = memory @ wv[:, i * dv:(i + 1) * dv] + bv[i * dv:(i + 1) * dv]
         logits = q @ np.swapaxes(k, -1, -2) / math.sqrt(dk)
         if mask is not None:
             logits = np.where(mask, logits, -np.inf)
         weights = np.exp(logits - logits.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
         heads.append(weights @ v)
-    return np.concatenate(heads, axis=-1) @ wo
+    return np.concatenate(heads, axis=-1) @ wo + bo
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -53,6 +55,19 @@ def test_self_attention_equals_numpy_formula(masked):
         mask = padding & causal
     got = layer(x, attention_mask=mask)
     np.testing.assert_allclose(got, numpy_multi_head_attention(layer, x, x, mask), atol=1e-5)
+
+
+def test_attention_with_biases_equals_numpy_formula():
+    # The scale 1/sqrt(d_k) applies to the query's bias too (it is folded into W^Q and b^Q).
+    rng = np.random.default_rng(3)
+    query = rng.normal(size=(2, 3, 12)).astype("float32")
+    memory = rng.normal(size=(2, 5, 12)).astype("float32")
+    layer = MultiHeadAttention(num_heads=3, key_dim=3, use_bias=True)
+    layer(query, memory)
+    for bias in (layer.query_bias, layer.key_bias, layer.value_bias, layer.output_bias):
+        bias.assign(rng.normal(size=bias.shape).astype("float32"))
+    np.testing.assert_allclose(layer(query, memory), numpy_multi_head_attention(layer, query, memory), atol=1e-5)
+    np.testing.assert_allclose(layer(query), numpy_multi_head_attention(layer, query, query), atol=1e-5)
 
 
 def test_causal_flag_equals_explicit_causal_mask():

@@ -81,11 +81,11 @@ def test_cached_decoding_equals_full_pass():
         np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
         # The transposed output matrix rides along in the cache (computed once per search);
         # a cache without it (the decoder's own) gives the same logits.
-        np.testing.assert_array_equal(np.asarray(cache["output_kernel"]),
+        np.testing.assert_array_equal(np.asarray(cache["shared"]["output_kernel"]),
                                       np.asarray(model.output_projection.embeddings).T)
         plain = model.decoder.init_cache(memory, 6)
         first, plain = model.decode_step(target[:, :1], memory, source, plain, 0)
-        assert "output_kernel" not in plain
+        assert "shared" not in plain
         np.testing.assert_allclose(np.asarray(first), steps[0], atol=1e-6)
 
 

@@ -8,11 +8,6 @@ import tensorflow as tf
 
 from keras_transformer.layers.attention import in_place_cache_writes
 
-# Entries of `model.init_cache` shared by every sentence (no batch axis); the
-# others ("cross": each sentence's keys/values of its memory) are per sentence.
-SHARED_CACHE_KEYS = ("output_kernel",)
-
-
 class _CachedStep:
     """Feeds the K hypotheses of each sentence to `model.decode_step` side by side.
 
@@ -41,9 +36,9 @@ class _CachedStep:
         cache = model.init_cache(memory, slots)  # cross K/V computed once
         # Per sentence (memory is one copy per sentence, shared by its hypotheses) ...
         sentences = {"memory": memory, "source_ids": source_ids,
-                     **{key: value for key, value in cache.items() if key not in ("self", *SHARED_CACHE_KEYS)}}
-        # ... and shared by all sentences (the output projection's kernel).
-        self.shared = {key: cache[key] for key in SHARED_CACHE_KEYS if key in cache}
+                     **{key: value for key, value in cache.items() if key not in ("self", "shared")}}
+        # ... and, without a batch axis, shared by all sentences (`init_cache`'s "shared").
+        self.shared = {"shared": cache["shared"]} if "shared" in cache else {}
         ancestry = tf.zeros([tf.shape(source_ids)[0], beam_size, buffer_length], tf.int32)
         self.initial_state = (cache["self"], ancestry, sentences)
 
