@@ -2,8 +2,9 @@
 
     python tests/distributed_worker.py mirrored RUN_DIR SPM_MODEL
         Two logical CPU devices. Trains the same tiny model (dropout 0) on the
-        same global batches twice in this process: with MirroredStrategy over
-        the two devices, then on one device. Prints one JSON line: the loss
+        same global batches twice in this process, with a learning-rate
+        cooldown over the last half: with MirroredStrategy over the two
+        devices, then on one device. Prints one JSON line: the loss
         after every step of both runs, the per-replica target-token counts of
         the batches, and the largest weight difference at the end.
 
@@ -60,7 +61,9 @@ def mirrored(run_dir, spm_model, steps=6):
         directory = os.path.join(run_dir, name)
         _prepare(directory, spm_model)
         recorder = Losses()
-        args = training.TrainingArgs(output=directory, max_steps=steps, batch_multiple=2, **TINY)
+        # The cooldown's factor (a variable of the optimizer's schedule, set between steps) must
+        # reach both replicas: the last half of the steps runs at a lowered rate.
+        args = training.TrainingArgs(output=directory, max_steps=steps, batch_multiple=2, cooldown=0.5, **TINY)
         result = training.train(args, callbacks=[recorder], strategy=strategy)
         results[name] = dict(
             replicas=strategy.num_replicas_in_sync,
