@@ -306,6 +306,34 @@ def test_auto_precision_follows_the_cpus_bfloat16_support(tmp_path, flags, expec
 
 
 @pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, "mixed_bfloat16"),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "float32"),
+        ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, "float32"),  # oneDNN reads the value case-insensitively
+        ({"DNNL_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, "float32"),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "mixed_bfloat16"),
+        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, "mixed_bfloat16"),
+        ({"ONEDNN_MAX_CPU_ISA": "ALL"}, "mixed_bfloat16"),
+        ({"ONEDNN_MAX_CPU_ISA": " "}, "mixed_bfloat16"),
+    ],
+)
+def test_auto_precision_respects_a_onednn_instruction_set_cap(tmp_path, environ, expected):
+    """Capped below AVX512_CORE_BF16, oneDNN emulates bfloat16 even on a CPU that has it: auto picks float32,
+    in training and in decoding, and says why."""
+    from keras_transformer.inference.precision import auto_decoding_precision
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16\n\n")
+    policy, reason = training_strategy.auto_precision(str(cpuinfo), gpu_capabilities=(), environ=environ)
+    assert policy == expected
+    decoding, _ = auto_decoding_precision(str(cpuinfo), gpu_capabilities=(), environ=environ)
+    assert decoding == {"float32": "float32", "mixed_bfloat16": "bfloat16"}[expected]
+    if expected == "float32":
+        assert reason == f"ONEDNN_MAX_CPU_ISA={list(environ.values())[0].upper()} keeps oneDNN from the CPU's amx_bf16, avx512_bf16"
+
+
+@pytest.mark.parametrize(
     "capabilities, expected",
     [
         ([(8, 0)], "mixed_bfloat16"),  # Ampere: bfloat16

@@ -19,7 +19,7 @@ DECODING_PRECISIONS = ("float32", "bfloat16", "mixed_bfloat16", "mixed_float16")
 DECODING_PRECISION_CHOICES = ("auto",) + DECODING_PRECISIONS
 
 
-def auto_decoding_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None):
+def auto_decoding_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None, environ=None):
     """The dtype policy that decodes fastest on this machine, and why: `(policy, reason)`.
 
     "bfloat16" where training's `auto_precision` picks mixed_bfloat16 (a CPU
@@ -29,7 +29,7 @@ def auto_decoding_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None)
     machine's: a model exported in bfloat16 and served on a CPU without
     native bfloat16 runs emulated, slower than float32.
     """
-    policy, reason = auto_precision(cpuinfo_path, gpu_capabilities)
+    policy, reason = auto_precision(cpuinfo_path, gpu_capabilities, environ)
     if policy == "mixed_bfloat16":
         return "bfloat16", reason
     return policy, reason

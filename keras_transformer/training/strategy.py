@@ -41,6 +41,10 @@ def get_strategy():
 
 # CPU flags (Linux /proc/cpuinfo) of native bfloat16 arithmetic.
 BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+# Values of oneDNN's ONEDNN_MAX_CPU_ISA (older name DNNL_MAX_CPU_ISA) below AVX512_CORE_BF16, its first
+# instruction set with bfloat16 dot products: under such a cap oneDNN emulates bfloat16 whatever the CPU has.
+ONEDNN_ISAS_WITHOUT_BFLOAT16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                                "AVX512_CORE_VNNI")
 
 
 def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
@@ -61,7 +65,14 @@ def gpu_compute_capabilities():
     return [tf.config.experimental.get_device_details(gpu).get("compute_capability") or (0, 0) for gpu in gpus]
 
 
-def auto_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None):
+def onednn_isa_cap(environ=None):
+    """The instruction set oneDNN is capped at (`ONEDNN_MAX_CPU_ISA`, upper-cased), or None."""
+    environ = os.environ if environ is None else environ
+    cap = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")
+    return cap.strip().upper() if cap and cap.strip() else None
+
+
+def auto_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None, environ=None):
     """The Keras dtype policy that trains fastest here, and why: `(policy, reason)`.
 
     Mixed precision only pays where the hardware computes in 16 bits; elsewhere
@@ -75,8 +86,12 @@ def auto_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None):
     - CPU only: "mixed_bfloat16" if the CPU has AVX512_BF16 or AMX-BF16
       instructions, else "float32".
 
-    `cpuinfo_path` and `gpu_capabilities` (a list of `(major, minor)`,
-    default `gpu_compute_capabilities()`) describe the machine.
+      Not when `ONEDNN_MAX_CPU_ISA` caps oneDNN below AVX512_CORE_BF16
+      (e.g. `AVX2`): oneDNN then emulates bfloat16.
+
+    `cpuinfo_path`, `gpu_capabilities` (a list of `(major, minor)`,
+    default `gpu_compute_capabilities()`) and `environ` (default
+    `os.environ`) describe the machine.
     """
     if gpu_capabilities is None:
         gpu_capabilities = gpu_compute_capabilities()
@@ -88,6 +103,9 @@ def auto_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None):
             return "mixed_float16", f"GPUs of compute capability {lowest[0]}.{lowest[1]} (no bfloat16)"
         return "float32", f"GPUs of compute capability {lowest[0]}.{lowest[1]} (no fast 16-bit arithmetic)"
     native = sorted(cpu_flags(cpuinfo_path) & set(BFLOAT16_CPU_FLAGS))
+    cap = onednn_isa_cap(environ)
+    if native and cap in ONEDNN_ISAS_WITHOUT_BFLOAT16:
+        return "float32", f"ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN from the CPU's {', '.join(native)}"
     if native:
         return "mixed_bfloat16", f"the CPU has {', '.join(native)}"
     return "float32", "the CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
