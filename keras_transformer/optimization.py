@@ -115,7 +115,26 @@ class FusedAdam(keras.optimizers.Adam):
     backend, dense gradients go to TF's `ResourceApplyAdam` kernel instead
     (one op, one pass over the variable). Sparse gradients, `amsgrad` and
     other backends use Keras' code. Arguments and config are Keras' Adam's.
+
+    A model saved compiled but never trained (a run's final `model.keras`)
+    holds the state of an unbuilt optimizer: its step counter, no moments.
+    Keras builds the optimizer of a reloaded model before loading that
+    state, and then skips it with a warning; here it is loaded into the
+    variables it belongs to, the moments staying at their initial zeros.
     """
+
+    def build(self, var_list):
+        if not self.built:
+            self._unbuilt_variable_count = len(self.variables)  # step counter (and a float rate's variable)
+        super().build(var_list)
+
+    def load_own_variables(self, store):
+        unbuilt = getattr(self, "_unbuilt_variable_count", None)
+        if unbuilt is not None and len(store.keys()) == unbuilt < len(self.variables):
+            for i, variable in enumerate(self.variables[:unbuilt]):
+                variable.assign(store[str(i)])
+            return
+        super().load_own_variables(store)
 
     def update_step(self, gradient, variable, learning_rate):
         if keras.backend.backend() != "tensorflow" or self.amsgrad:

@@ -160,6 +160,32 @@ def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "reloaded.npy"), expected)
 
 
+def test_reloading_a_compiled_model_restores_its_optimizer_state_without_warnings(tmp_path, recwarn):
+    """Untrained (a run's final model.keras): the step counter, quietly. Trained: every moment."""
+    rng = np.random.default_rng(6)
+    untrained = tiny_model()
+    untrained.build()
+    untrained.compile()
+    untrained.save(tmp_path / "untrained.keras")
+    reloaded = keras.saving.load_model(tmp_path / "untrained.keras")
+    assert not [w for w in recwarn if "Skipping variable loading" in str(w.message)]
+    assert int(reloaded.optimizer.iterations.numpy()) == 0
+    assert reloaded.optimizer.built and all(not np.any(v.numpy()) for v in reloaded.optimizer.variables)
+
+    trained = tiny_model()
+    trained.compile()
+    source, target = random_ids(rng, 2, 5), random_ids(rng, 2, 4)
+    trained.fit((source, target), target, epochs=2, verbose=0)
+    trained.save(tmp_path / "trained.keras")
+    reloaded = keras.saving.load_model(tmp_path / "trained.keras")
+    assert int(reloaded.optimizer.iterations.numpy()) == 2
+    saved, restored = trained.optimizer.variables, reloaded.optimizer.variables
+    assert len(saved) == len(restored) > 2
+    for a, b in zip(saved, restored):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert not [w for w in recwarn if "Skipping variable loading" in str(w.message)]
+
+
 @keras.saving.register_keras_serializable(package="tests")
 class GeluEncoderLayer(EncoderLayer):
     """An encoder layer with a GELU feed-forward network, as a user would subclass it."""
