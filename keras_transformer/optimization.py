@@ -120,7 +120,9 @@ class FusedAdam(keras.optimizers.Adam):
     holds the state of an unbuilt optimizer: its step counter, no moments.
     Keras builds the optimizer of a reloaded model before loading that
     state, and then skips it with a warning; here it is loaded into the
-    variables it belongs to, the moments staying at their initial zeros.
+    variables it belongs to, the moments staying at their initial zeros. A
+    checkpoint written without optimizer state (the training checkpoints)
+    leaves the optimizer as it is, quietly too.
     """
 
     def build(self, var_list):
@@ -129,6 +131,8 @@ class FusedAdam(keras.optimizers.Adam):
         super().build(var_list)
 
     def load_own_variables(self, store):
+        if not store.keys():  # a weights-only checkpoint (`run_dir.save_model_weights`): nothing to load
+            return
         unbuilt = getattr(self, "_unbuilt_variable_count", None)
         if unbuilt is not None and len(store.keys()) == unbuilt < len(self.variables):
             for i, variable in enumerate(self.variables[:unbuilt]):

@@ -11,6 +11,7 @@ import pytest
 
 from keras_transformer import MaskedAccuracy, Transformer, TransformerConfig, create_optimizer
 from keras_transformer.layers import EncoderLayer, FeedForward
+from keras_transformer.run_dir import save_model_weights
 
 VOCAB = 40
 
@@ -182,6 +183,13 @@ def test_reloading_a_compiled_model_restores_its_optimizer_state_without_warning
     saved, restored = trained.optimizer.variables, reloaded.optimizer.variables
     assert len(saved) == len(restored) > 2
     for a, b in zip(saved, restored):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+    # A training checkpoint has no optimizer state: loading it keeps the optimizer's own.
+    save_model_weights(trained, str(tmp_path / "ckpt.weights.h5"))
+    reloaded.load_weights(tmp_path / "ckpt.weights.h5")
+    assert int(reloaded.optimizer.iterations.numpy()) == 2
+    for a, b in zip(trained.weights, reloaded.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert not [w for w in recwarn if "Skipping variable loading" in str(w.message)]
 
