@@ -137,8 +137,8 @@ def load_run(run_dir, checkpoint=None, dtype=None):
     tokenizer = Tokenizer(os.path.join(run_dir, TOKENIZER_FILENAME))
     final = os.path.join(run_dir, MODEL_FILENAME)
     if checkpoint is None and os.path.exists(final):
-        # compile=False then compile(): the saved optimizer is unbuilt, and loading it
-        # into the built one of Transformer.compile_from_config only warns.
+        # compile=False then compile(): compile_from_config would build the optimizer,
+        # allocating Adam's moments that a model loaded to translate or evaluate never uses.
         model = keras.saving.load_model(final, compile=False)
         if dtype is not None and keras.dtype_policies.get(dtype).name != model.dtype_policy.name:
             weights = model.get_weights()
