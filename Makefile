@@ -17,9 +17,11 @@ demo: $(STAMP)
 	$(PY) examples/train_multi30k.py
 
 # The tests, then every `>>>` example in the package's docstrings (--doctest-modules, pytest.ini);
-# the 15 slowest are listed at the end.
+# the 15 slowest are listed at the end. One pytest worker per CPU core (pytest-xdist): most tests
+# trace and run tiny models, single-threaded work that two cores do side by side. `loadfile` keeps
+# each test file in one worker, so a module's fixtures are built once.
 test: $(STAMP)
-	$(PY) -m pytest tests keras_transformer --durations=15
+	$(PY) -m pytest tests keras_transformer -n auto --dist loadfile --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
