@@ -7,10 +7,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import json  # noqa: E402
 import shutil  # noqa: E402
 
-import keras  # noqa: E402
 import pytest  # noqa: E402
 
-from keras_transformer import run_dir as run_layout  # noqa: E402
+# TensorFlow (keras, keras_transformer) is imported inside the fixtures and helpers: under
+# pytest-xdist (`make test`) this file also loads in the controller process, which runs no test.
 
 # A script that tests/test_distributed.py runs in subprocesses: not a test module, and
 # `--doctest-modules` (pytest.ini) must not import it.
@@ -29,6 +29,8 @@ def new_run_dir(path, spm_model):
 
 def read_csv(path):
     """The rows of a CSV log of a run directory (history.csv, steps.csv, ...) as dicts; it must exist."""
+    from keras_transformer import run_dir as run_layout
+
     assert os.path.exists(path), f"no {path}"
     return run_layout.read_csv(path)
 
@@ -46,6 +48,8 @@ def spm500(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
+    import keras
+
     keras.utils.set_random_seed(1234)
     keras.mixed_precision.set_global_policy("float32")
     yield
@@ -57,6 +61,8 @@ def tiny_run_dir(tmp_path_factory):
     """A run directory as `keras_transformer.training` lays it out (config.json, spm.model,
     model.keras): a SentencePiece vocabulary of 400 trained on 2000 Multi30k pairs and an
     untrained tiny Transformer with max_length 32. Cheap stand-in for a training run."""
+    import keras
+
     from keras_transformer import Transformer, TransformerConfig
     from keras_transformer.data.corpora import read_lines
     from keras_transformer.data.tokenizer import train_tokenizer
