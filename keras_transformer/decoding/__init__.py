@@ -34,7 +34,9 @@ Shape letters: B batch, K beam size, S source length, L output buffer length
 (`max_length`, or S + 50), V vocabulary, N heads, H per-head width.
 
 Incremental decoding (the default, `use_cache=True`): the source is encoded
-once and the cross-attention keys/values are projected once per sentence
+once (in a plain graph, in length-sorted chunks of sentences, each cut to its
+longest sentence: `keras_transformer.decoding.encoding`) and the
+cross-attention keys/values are projected once per sentence
 (`model.init_cache`), never copied per hypothesis. Each step feeds the K
 hypotheses' last tokens to `model.decode_step` side by side, as K "positions"
 of their sentence (`[B, K]`, all at output position i): the K queries attend
@@ -51,7 +53,8 @@ slow reference that reruns `model.decode` over the whole prefix at every
 step.
 
 The model only needs `encode`, `decode`, `init_cache` and `decode_step` (see
-`keras_transformer.model.Transformer`), so tests can pass a stand-in.
+`keras_transformer.model.Transformer`), so tests can pass a stand-in; one
+without `compute_dtype` and `config.d_model` has its batch encoded whole.
 """
 
 from keras_transformer.decoding.defaults import (

@@ -9,6 +9,7 @@ the next position.
 import tensorflow as tf
 
 from keras_transformer.decoding.defaults import NEG_INF
+from keras_transformer.decoding.encoding import encode_by_length
 from keras_transformer.decoding.steps import make_step_fn
 from keras_transformer.decoding.tokens import forbid_tokens, output_limits, top_allowed_tokens, write_position
 from keras_transformer.special_ids import PAD_ID
@@ -36,7 +37,7 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
     """
     batch_size = tf.shape(source_ids)[0]
     buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
-    memory = model.encode(source_ids, training=False)  # [B, S, D]
+    memory = encode_by_length(model, source_ids)  # [B, S, D]
     step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache)
     rows = dict(
         token_ids=tf.zeros([batch_size, buffer_length], tf.int32),  # [B, L]
@@ -112,7 +113,7 @@ def beam_search_graph(
     buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]
 
     # Encode once; the K beams of a sentence share its memory.
-    memory = model.encode(source_ids, training=False)  # [B, S, D]
+    memory = encode_by_length(model, source_ids)  # [B, S, D]
     step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=k)
     beams = _initial_beams(batch_size, k, buffer_length, limits, alpha)
     results = {"finished_ids": beams["finished_ids"], "finished_scores": beams["finished_scores"]}

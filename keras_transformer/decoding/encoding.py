@@ -1,0 +1,55 @@
+"""The searches' encoder pass: sentences of similar length together, so little padding is computed.
+
+A request's sentences are padded to its longest one. Encoded as one batch,
+every padded position goes through every encoder layer: on Multi30k test2016,
+57% of the positions of a 500-sentence request are padding. Sorted by length
+and encoded `ENCODE_CHUNK_ROWS` sentences at a time, each chunk cut to its own
+longest sentence, the encoder computes little more than the real tokens
+(CTranslate2 sorts its input by length for the same reason).
+"""
+
+import tensorflow as tf
+
+from keras_transformer.compat import graph_is_compiled_by_xla
+from keras_transformer.special_ids import PAD_ID
+
+# Sentences per encoder call: enough rows for the matmuls to run at full speed.
+ENCODE_CHUNK_ROWS = 64
+
+
+def encode_by_length(model, source_ids, chunk_rows=ENCODE_CHUNK_ROWS):
+    """`model.encode(source_ids)` computed on length-sorted chunks: memory `[B, S, D]`.
+
+    Each sentence's memory is the one `model.encode` gives it at its own
+    positions; what its padded positions hold differs (attention masks them
+    either way). Under XLA, which needs static shapes, and for models without
+    a `compute_dtype` and a `config.d_model`, the batch is encoded whole.
+
+    Args:
+        model: a `Transformer` (anything with `encode`, `compute_dtype` and `config.d_model`).
+        source_ids: int `[B, S]`, right-padded with `PAD_ID`.
+        chunk_rows: sentences per encoder call.
+    """
+    dtype = getattr(model, "compute_dtype", None)
+    d_model = getattr(getattr(model, "config", None), "d_model", None)
+    if dtype is None or d_model is None or graph_is_compiled_by_xla():
+        return model.encode(source_ids, training=False)
+    batch, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)  # [B]
+    order = tf.argsort(lengths, stable=True)  # shortest first
+    sorted_ids, sorted_lengths = tf.gather(source_ids, order), tf.gather(lengths, order)
+    chunks = tf.maximum((batch + chunk_rows - 1) // chunk_rows, 1)  # one (empty) chunk for an empty batch
+
+    def encode_chunk(c, memories):
+        start = c * chunk_rows
+        end = tf.minimum(start + chunk_rows, batch)
+        longest = tf.maximum(tf.reduce_max(sorted_lengths[start:end]), 1)  # reduce_max([]) is the lowest int
+        memory = model.encode(sorted_ids[start:end, :longest], training=False)  # [rows, longest, D]
+        memory = tf.pad(memory, [[0, 0], [0, width - longest], [0, 0]])
+        return c + 1, memories.write(c, memory)
+
+    memories = tf.TensorArray(dtype, size=chunks, infer_shape=False, element_shape=[None, None, d_model])
+    _, memories = tf.while_loop(lambda c, _: c < chunks, encode_chunk, (tf.constant(0), memories))
+    sorted_memory = memories.concat()  # [B, S, D] in length order
+    memory = tf.gather(sorted_memory, tf.math.invert_permutation(order))
+    return tf.ensure_shape(memory, source_ids.shape.concatenate([d_model]))
