@@ -1,11 +1,12 @@
 """The searches' encoder pass: sentences of similar length together, so little padding is computed.
 
 A request's sentences are padded to its longest one. Encoded as one batch,
-every padded position goes through every encoder layer: on Multi30k test2016,
-57% of the positions of a 500-sentence request are padding. Sorted by length
-and encoded `ENCODE_CHUNK_ROWS` sentences at a time, each chunk cut to its own
-longest sentence, the encoder computes little more than the real tokens
-(CTranslate2 sorts its input by length for the same reason).
+every padded position goes through every encoder layer: the first 500
+sentences of Multi30k test2016, in the demo's 8,000-piece vocabulary, have
+34 subwords at most and 14.6 on average, so 57% of the positions are padding.
+Sorted by length and encoded `ENCODE_CHUNK_ROWS` sentences at a time, each
+chunk cut to its own longest sentence, the encoder computes little more than
+the real tokens (CTranslate2 sorts its input by length for the same reason).
 """
 
 import tensorflow as tf
