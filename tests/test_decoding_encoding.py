@@ -64,3 +64,16 @@ def test_under_xla_the_batch_is_encoded_whole(model, sources):
     compiled = tf.function(lambda ids: encode_by_length(model, ids, chunk_rows=3), jit_compile=True)
     whole = model.encode(tf.constant(sources), training=False).numpy()
     np.testing.assert_allclose(compiled(tf.constant(sources)).numpy(), whole, atol=1e-5)
+
+
+def test_padding_in_front_or_inside_loses_no_token(model, sources):
+    """A chunk is cut after its sentences' last tokens, not after their token counts."""
+    shifted = np.zeros((len(LENGTHS), max(LENGTHS) + 3), np.int32)
+    for row, length in enumerate(LENGTHS):
+        shifted[row, 3 : 3 + length] = sources[row, :length]  # three pads in front
+        if length > 2:
+            shifted[row, 4] = 0  # and one inside
+    chunked = tf.function(lambda ids: encode_by_length(model, ids, chunk_rows=3))(tf.constant(shifted)).numpy()
+    whole = model.encode(tf.constant(shifted), training=False).numpy()
+    tokens = shifted != 0
+    np.testing.assert_allclose(chunked[tokens], whole[tokens], atol=1e-5)

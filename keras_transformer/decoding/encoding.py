@@ -28,7 +28,7 @@ def encode_by_length(model, source_ids, chunk_rows=ENCODE_CHUNK_ROWS):
 
     Args:
         model: a `Transformer` (anything with `encode`, `compute_dtype` and `config.d_model`).
-        source_ids: int `[B, S]`, right-padded with `PAD_ID`.
+        source_ids: int `[B, S]`, padded with `PAD_ID` (at the end, as the tokenizer does).
         chunk_rows: sentences per encoder call.
     """
     dtype = getattr(model, "compute_dtype", None)
@@ -36,15 +36,18 @@ def encode_by_length(model, source_ids, chunk_rows=ENCODE_CHUNK_ROWS):
     if dtype is None or d_model is None or graph_is_compiled_by_xla():
         return model.encode(source_ids, training=False)
     batch, width = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
-    lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)  # [B]
-    order = tf.argsort(lengths, stable=True)  # shortest first
-    sorted_ids, sorted_lengths = tf.gather(source_ids, order), tf.gather(lengths, order)
+    # Each sentence's extent: its last non-pad position + 1 (its length when right-padded; a
+    # sentence with padding inside or in front keeps all its tokens too).
+    positions = tf.range(1, width + 1)[None, :]
+    extents = tf.reduce_max(tf.where(tf.not_equal(source_ids, PAD_ID), positions, 0), axis=1)  # [B]
+    order = tf.argsort(extents, stable=True)  # shortest first
+    sorted_ids, sorted_extents = tf.gather(source_ids, order), tf.gather(extents, order)
     chunks = tf.maximum((batch + chunk_rows - 1) // chunk_rows, 1)  # one (empty) chunk for an empty batch
 
     def encode_chunk(c, memories):
         start = c * chunk_rows
         end = tf.minimum(start + chunk_rows, batch)
-        longest = tf.maximum(tf.reduce_max(sorted_lengths[start:end]), 1)  # reduce_max([]) is the lowest int
+        longest = tf.maximum(tf.reduce_max(sorted_extents[start:end]), 1)  # reduce_max([]) is the lowest int
         memory = model.encode(sorted_ids[start:end, :longest], training=False)  # [rows, longest, D]
         memory = tf.pad(memory, [[0, 0], [0, width - longest], [0, 0]])
         return c + 1, memories.write(c, memory)
