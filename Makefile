@@ -16,7 +16,7 @@ $(STAMP): setup.py
 demo: $(STAMP)
 	$(PY) examples/train_multi30k.py
 
-# The tests, then every `>>>` example in the package's docstrings (--doctest-modules, pytest.ini);
+# The tests and every `>>>` example in the package's docstrings (--doctest-modules, pytest.ini);
 # the 15 slowest are listed at the end. One pytest worker per CPU core (pytest-xdist): most tests
 # trace and run tiny models, single-threaded work that two cores do side by side. `loadfile` keeps
 # each test file in one worker, so a module's fixtures are built once.

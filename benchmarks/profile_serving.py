@@ -14,6 +14,7 @@ time over all threads. Writes the times and the top ops per export.
 
 import argparse
 import collections
+import contextlib
 import os
 import sys
 import time
@@ -44,6 +45,9 @@ class ServedExport:
 
     def run(self, **kwargs):
         return self.session.run(self.output, self.feed, **kwargs)
+
+    def close(self):
+        self.session.close()
 
     def timed(self):
         started = time.perf_counter()
@@ -86,18 +90,24 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     from keras_transformer.data import corpora
 
     sentences = corpora.read_lines("test2016", "en")[: args.sentences]
     exports = dict(item.split("=", 1) for item in args.exports)
-    served = {name: ServedExport(export_dir, sentences) for name, export_dir in exports.items()}
-    seconds = {name: [] for name in served}
-    for _ in range(args.rounds):
-        for name in served:
-            seconds[name].append(served[name].timed())
-    profiles = {}
-    for name in served:
-        profiles[name] = dict(export=exports[name], **profile(served[name], seconds[name], len(sentences), args.top))
+    with contextlib.ExitStack() as stack:
+        served = {}
+        for name, export_dir in exports.items():
+            served[name] = ServedExport(export_dir, sentences)
+            stack.callback(served[name].close)
+        seconds = {name: [] for name in served}
+        for _ in range(args.rounds):
+            for name in served:
+                seconds[name].append(served[name].timed())
+        profiles = {name: dict(export=exports[name], **profile(served[name], seconds[name], len(sentences), args.top))
+                    for name in served}
+    for name in profiles:
         print(f"\n{name}: {profiles[name]['request_seconds']} s per request of {len(sentences)} "
               f"(median of {args.rounds}), {profiles[name]['op_runs']} op runs")
         print(common.markdown_table(["op", "ms", "share", "runs"], [

@@ -54,9 +54,23 @@ def test_each_chunk_is_cut_to_its_longest_sentence(model, sources):
     assert int(positions.numpy()) == 3 * 3 + 3 * 9 + 2 * 17 < sources.size
 
 
-def test_an_empty_batch_gives_an_empty_memory(model):
-    memory = tf.function(lambda ids: encode_by_length(model, ids))(tf.zeros([0, 5], tf.int32))
-    assert tuple(memory.shape) == (0, 5, 32)
+@pytest.mark.parametrize("shape", [(0, 5), (4, 0)], ids=["no sentence", "no position"])
+def test_an_empty_batch_gives_an_empty_memory(model, shape):
+    memory = tf.function(lambda ids: encode_by_length(model, ids))(tf.zeros(shape, tf.int32))
+    assert tuple(memory.shape) == shape + (32,)
+
+
+def test_beam_search_over_several_chunks_equals_one_chunk(model, sources, monkeypatch):
+    """The search's own call: chunks of 3 sentences, sorted and put back, decode as one chunk does."""
+    from keras_transformer.decoding import encoding, make_decode_fn
+
+    outputs = {}
+    for rows in (3, len(LENGTHS)):
+        monkeypatch.setattr(encoding, "ENCODE_CHUNK_ROWS", rows)
+        search = make_decode_fn(model, "beam", beam_size=3, alpha=0.6, max_length=10)  # traced with `rows`
+        outputs[rows] = [t.numpy() for t in search(tf.constant(sources))]
+    np.testing.assert_array_equal(outputs[3][0], outputs[len(LENGTHS)][0])
+    np.testing.assert_allclose(outputs[3][1], outputs[len(LENGTHS)][1], atol=1e-5)
 
 
 def test_under_xla_the_batch_is_encoded_whole(model, sources):

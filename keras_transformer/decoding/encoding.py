@@ -18,19 +18,21 @@ from keras_transformer.special_ids import PAD_ID
 ENCODE_CHUNK_ROWS = 64
 
 
-def encode_by_length(model, source_ids, chunk_rows=ENCODE_CHUNK_ROWS):
+def encode_by_length(model, source_ids, chunk_rows=None):
     """`model.encode(source_ids)` computed on length-sorted chunks: memory `[B, S, D]`.
 
     Each sentence's memory is the one `model.encode` gives it at its own
     positions; what its padded positions hold differs (attention masks them
-    either way). Under XLA, which needs static shapes, and for models without
-    a `compute_dtype` and a `config.d_model`, the batch is encoded whole.
+    either way). A row of padding only, with no token, has no meaningful
+    memory either way. Under XLA, which needs static shapes, and for models
+    without a `compute_dtype` and a `config.d_model`, the batch is encoded whole.
 
     Args:
         model: a `Transformer` (anything with `encode`, `compute_dtype` and `config.d_model`).
         source_ids: int `[B, S]`, padded with `PAD_ID` (at the end, as the tokenizer does).
-        chunk_rows: sentences per encoder call.
+        chunk_rows: sentences per encoder call; default `ENCODE_CHUNK_ROWS`.
     """
+    chunk_rows = chunk_rows or ENCODE_CHUNK_ROWS
     dtype = getattr(model, "compute_dtype", None)
     d_model = getattr(getattr(model, "config", None), "d_model", None)
     if dtype is None or d_model is None or graph_is_compiled_by_xla():
@@ -47,7 +49,8 @@ def encode_by_length(model, source_ids, chunk_rows=ENCODE_CHUNK_ROWS):
     def encode_chunk(c, memories):
         start = c * chunk_rows
         end = tf.minimum(start + chunk_rows, batch)
-        longest = tf.maximum(tf.reduce_max(sorted_extents[start:end]), 1)  # reduce_max([]) is the lowest int
+        # At least 1 (reduce_max([]) is the lowest int), at most the width (which may be 0).
+        longest = tf.minimum(tf.maximum(tf.reduce_max(sorted_extents[start:end]), 1), width)
         memory = model.encode(sorted_ids[start:end, :longest], training=False)  # [rows, longest, D]
         memory = tf.pad(memory, [[0, 0], [0, width - longest], [0, 0]])
         return c + 1, memories.write(c, memory)
