@@ -14,8 +14,9 @@ Variants:
 
 * ``bucketed``: the default -- geometric bucket boundaries, multiples of 8
   (``default_bucket_boundaries``), token-budget batches (§5.1 of the paper).
-* ``bucketed, step 1``: boundaries at every length up to 10, then ~10% apart
-  (``multiple=1``): less padding, more shapes.
+* ``bucketed, step 1``: boundaries one or two tokens apart for short
+  sentences (``multiple=1``, ``train --pad-to-multiple-of 1``): less padding,
+  more shapes.
 * ``one bucket``: a single boundary = max_length: every batch padded to
   max_length (what "no bucketing" means with fixed shapes).
 * ``no bucketing``: shuffled pairs, a fixed number of sentences per batch
@@ -24,7 +25,7 @@ Variants:
 
 Usage::
 
-    .venv/bin/python benchmarks/input_pipeline.py [--batch-tokens 4096] [--tokenizer spm.model]
+    .venv/bin/python benchmarks/input_pipeline.py [--batch-tokens 4096] [--tokenizer spm.model] [--json PATH]
 
 Without ``--tokenizer`` it first trains the joint BPE vocabulary on Multi30k
 train (en + de) and reports how long that took.
@@ -40,8 +41,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import tensorflow as tf  # noqa: E402
+
+import common  # noqa: E402
 
 from keras_transformer import data  # noqa: E402
 from keras_transformer.data import corpora  # noqa: E402
@@ -89,6 +93,7 @@ def main(argv=None):
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--tokenizer", help="existing spm.model (default: train one)")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs (after 1 warm-up)")
+    parser.add_argument("--json", default=None, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
 
     print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores")
@@ -104,13 +109,13 @@ def main(argv=None):
               f"(Multi30k train en+de) in {elapsed:.2f} s")
 
     train = corpora.load_multi30k("train", "en", "de")
-    common = dict(batch_tokens=args.batch_tokens, max_length=args.max_length, num_replicas=1)
-    fine = data.default_bucket_boundaries(args.max_length, min_length=1, multiple=1)
+    options = dict(batch_tokens=args.batch_tokens, max_length=args.max_length, num_replicas=1)
+    fine = data.default_bucket_boundaries(args.max_length, multiple=1)
     variants = [
-        ("bucketed (default, x8)", lambda: data.make_batches(train, tokenizer, **common)),
-        ("bucketed, step 1", lambda: data.make_batches(train, tokenizer, bucket_boundaries=fine, **common)),
+        ("bucketed (default, x8)", lambda: data.make_batches(train, tokenizer, **options)),
+        ("bucketed, step 1", lambda: data.make_batches(train, tokenizer, bucket_boundaries=fine, **options)),
         ("one bucket (max_length)",
-         lambda: data.make_batches(train, tokenizer, bucket_boundaries=[args.max_length], **common)),
+         lambda: data.make_batches(train, tokenizer, bucket_boundaries=[args.max_length], **options)),
     ]
 
     rows = []
@@ -124,16 +129,25 @@ def main(argv=None):
     print(f"\nMulti30k train, batch_tokens={args.batch_tokens}, max_length={args.max_length}, "
           f"1 warm-up + {args.epochs} timed epoch(s)\n")
     header = ("pipeline", "pairs/s", "pairs/CPU-s", "tokens/s", "batches", "pairs", "padding",
-              "max batch tok", "shapes")
+              "real target share", "max batch tok", "shapes")
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
     for r in rows:
         print(f"| {r['name']} | {r['pairs_per_s']:,.0f} | {r['pairs_per_cpu_s']:,.0f} | "
               f"{r['tokens_per_s']:,.0f} | {r['num_batches']} | "
-              f"{r['num_examples']} | {r['padding_ratio']:.1%} | {r['max_batch_tokens']} | {len(r['shapes'])} |")
+              f"{r['num_examples']} | {r['padding_ratio']:.1%} | {r['target_real_share']:.1%} | "
+              f"{r['max_batch_tokens']} | {len(r['shapes'])} |")
     print("\npadding = pad tokens / all tokens (source + target input); tokens/s = real (non-pad) "
           "source + target tokens per second; pairs/CPU-s = pairs per second of CPU time used by "
-          "all pipeline threads (less sensitive to other load on the machine).")
+          "all pipeline threads (less sensitive to other load on the machine); real target share = "
+          "real target tokens / target positions, the share of a training step's decoder work that is not padding.")
+    for r in rows:
+        r["num_shapes"] = len(r.pop("shapes"))
+    common.write_json(args.json, {
+        "benchmark": "input_pipeline", "batch_tokens": args.batch_tokens, "max_length": args.max_length,
+        "epochs": args.epochs, "rows": rows, "machine": common.machine_info(),
+        "versions": common.package_versions(["keras-transformer", "tensorflow", "tensorflow-text", "sentencepiece"]),
+    })
 
 
 def measure(name, batches, epochs):
@@ -141,6 +155,7 @@ def measure(name, batches, epochs):
     seconds, cpu_seconds = min(time_epoch(batches) for _ in range(epochs))
     stats.update(
         name=name,
+        target_real_share=stats["target_tokens"] / max(stats["padded_tokens"] / 2, 1),
         pairs_per_s=stats["num_examples"] / seconds,
         pairs_per_cpu_s=stats["num_examples"] / cpu_seconds,
         tokens_per_s=(stats["source_tokens"] + stats["target_tokens"]) / seconds,

@@ -406,9 +406,11 @@ def test_make_batches_rejects_bad_settings(tokenizer):
 
 def test_default_bucket_boundaries():
     bounds = data.default_bucket_boundaries(256)
-    assert bounds[0] == 8 and bounds[-1] == 256
-    assert all(b % 8 == 0 for b in bounds)
+    assert bounds[:3] == [8, 16, 24] and bounds[-1] == 256 and all(b % 8 == 0 for b in bounds)
     assert all(b2 >= 1.1 * b1 for b1, b2 in zip(bounds, bounds[1:-1]))
+    fine = data.default_bucket_boundaries(256, multiple=1)
+    assert fine[:6] == [8, 9, 10, 11, 13, 15] and fine[-1] == 256  # short sentences: little padding
+    assert all(b2 >= 1.1 * b1 for b1, b2 in zip(fine, fine[1:-1]))
     assert data.default_bucket_boundaries(100)[-1] == 100
     assert data.default_bucket_boundaries(5) == [5]
     assert data.bucket_batch_sizes([8, 16, 100], 1000, num_replicas=4) == [124, 60, 8]

@@ -403,6 +403,7 @@ def test_resuming_with_another_model_is_refused(tmp_path, spm500):
     ({"warmup_steps": 100}, r"--warmup-steps \(4000 -> 100\)"),
     ({"lr_scale": 2.0}, r"--lr-scale \(1.0 -> 2.0\)"),
     ({"precision": "mixed_bfloat16"}, r"--precision \('float32' -> 'mixed_bfloat16'\)"),
+    ({"pad_to_multiple_of": 1}, r"--pad-to-multiple-of \(8 -> 1\)"),
 ])
 def test_resuming_with_another_schedule_or_precision_is_refused(tmp_path, spm500, change, message):
     """A resume that would change the learning rate or the precision is another experiment."""
@@ -413,6 +414,40 @@ def test_resuming_with_another_schedule_or_precision_is_refused(tmp_path, spm500
     other = training.TrainingArgs(**{**args.to_dict(), **change})
     with pytest.raises(ValueError, match=message):
         loop._check_resume_config(str(run_dir), other, other.model_config())
+
+
+def test_a_run_recorded_before_pad_to_multiple_of_resumes_only_with_its_buckets(tmp_path, spm500):
+    """Such a run padded batches to multiples of 8; resuming it with other buckets would change its data."""
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+    args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
+    recorded = {k: v for k, v in args.to_dict().items() if k != "pad_to_multiple_of"}
+    (run_dir / "config.json").write_text(json.dumps({
+        "model": args.model_config().to_dict(), "training": recorded, "data": {}}))
+    assert loop._check_resume_config(str(run_dir), args, args.model_config()) is not None
+    other = training.TrainingArgs(**{**args.to_dict(), "pad_to_multiple_of": 1})
+    with pytest.raises(ValueError, match=r"--pad-to-multiple-of \(8 -> 1\)"):
+        loop._check_resume_config(str(run_dir), other, other.model_config())
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_training_batches_are_padded_to_the_buckets_of_pad_to_multiple_of(spm500, multiple):
+    from keras_transformer import data
+    from keras_transformer.data.tokenizer import Tokenizer
+
+    args = training.TrainingArgs(output="unused", batch_tokens=512, max_length=48, pad_to_multiple_of=multiple)
+    stream = training_stream.TrainingData(args, Tokenizer(spm500), data.load_dataset("multi30k", "val"), 1, 48)
+    boundaries = data.default_bucket_boundaries(48, multiple=multiple)
+    batches = list(stream._epoch_batches(0))
+    assert len(batches) == stream.batches_per_epoch() > 0
+    lengths = {int(b[1].shape[1]) for b in batches}
+    assert lengths <= set(boundaries)
+    if multiple == 1:
+        assert lengths - set(data.default_bucket_boundaries(48, multiple=8))  # lengths only fine buckets have
+    for (source, target_in), target_out in batches:
+        # Each batch is padded to the smallest boundary that holds its longest pair.
+        longest = max(int(np.max(np.sum(source.numpy() != 0, axis=1))),
+                      int(np.max(np.sum(target_out.numpy() != 0, axis=1))))
+        assert int(target_out.shape[1]) == min(b for b in boundaries if b >= longest)
 
 
 def test_epoch_length_is_counted_exactly(spm500):

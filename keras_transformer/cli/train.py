@@ -103,6 +103,9 @@ def _add_data_flags(parser, d):
     data.add_argument("--tgt", default=d.tgt, help="target language (default %(default)s)")
     data.add_argument("--batch-tokens", type=int, default=d.batch_tokens,
                       help="global tokens per batch and side, padding included (§5.1: ~25000; default %(default)s)")
+    data.add_argument("--pad-to-multiple-of", type=int, default=d.pad_to_multiple_of, metavar="N",
+                      help="length buckets (each batch's padded length) are multiples of N: 1 pads least, 8 gives "
+                           "fewer batch shapes (default %(default)s)")
     data.add_argument("--validation-split", default=d.validation_split,
                       help="validation split ('none' for no validation; default %(default)s)")
     data.add_argument("--subword-sampling", type=float, default=d.subword_sampling, metavar="ALPHA",

@@ -50,7 +50,7 @@ from keras_transformer.training import init_from
 from keras_transformer.training import strategy as strategies
 from keras_transformer.training.averaging import average_checkpoints
 from keras_transformer.training.curves import plot_curves
-from keras_transformer.training.options import RESUME_FIXED, TrainingArgs, TrainingResult
+from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES, TrainingArgs, TrainingResult
 from keras_transformer.training.run import Run
 from keras_transformer.training.stream import TrainingData
 from keras_transformer.training.validation_bleu import ValidationBleu, read_validation_texts
@@ -406,8 +406,9 @@ def _check_resume_config(run_dir, args, model_config):
             problems.append(f"model {key} ({saved_model.get(key)!r} -> {model.get(key)!r})")
     saved_training = saved.get("training", {})
     for key in RESUME_FIXED:
-        if key in saved_training and saved_training[key] != getattr(args, key):
-            problems.append(f"--{key.replace('_', '-')} ({saved_training[key]!r} -> {getattr(args, key)!r})")
+        saved_value = saved_training.get(key, RESUME_LEGACY_VALUES.get(key))
+        if (key in saved_training or key in RESUME_LEGACY_VALUES) and saved_value != getattr(args, key):
+            problems.append(f"--{key.replace('_', '-')} ({saved_value!r} -> {getattr(args, key)!r})")
     if problems:
         raise ValueError(
             f"{run_dir} holds a run with a different {'; '.join(problems)}. Use the same options to "

@@ -16,8 +16,10 @@ PRECISION_CHOICES = ("auto",) + PRECISIONS
 
 # Options whose change would make a resumed run a different experiment: a
 # resume with another value is refused (the model config is compared too).
-RESUME_FIXED = ("data", "src", "tgt", "vocab_size", "batch_tokens", "seed", "batch_multiple", "max_length",
-                "warmup_steps", "lr_scale", "cooldown", "precision")
+RESUME_FIXED = ("data", "src", "tgt", "vocab_size", "batch_tokens", "pad_to_multiple_of", "seed", "batch_multiple",
+                "max_length", "warmup_steps", "lr_scale", "cooldown", "precision")
+# What a run recorded without an option had: its value then, for the resume check.
+RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8}
 
 
 @dataclasses.dataclass
@@ -36,6 +38,10 @@ class TrainingArgs:
         src, tgt: language codes.
         batch_tokens: global token budget per batch and side, padding included
             (§5.1 used ~25000 over 8 GPUs).
+        pad_to_multiple_of: length buckets (each batch's padded length) are
+            multiples of this (`data.default_bucket_boundaries`): 8 (default)
+            gives few batch shapes; 1 gives buckets one or two tokens apart
+            for short sentences, the least padding.
         validation_split: split used for validation ("val" for Multi30k,
             "validation" for tfds); None for none.
         subword_sampling: subword regularization of the training pairs (not
@@ -109,6 +115,7 @@ class TrainingArgs:
     vocab_size: int = 8000
     max_length: Optional[int] = None
     batch_tokens: int = 4096
+    pad_to_multiple_of: int = 8
     validation_split: Optional[str] = "val"
     subword_sampling: float = 0.0
     epochs: Optional[int] = None
@@ -145,7 +152,7 @@ class TrainingArgs:
             and self.time_budget > 0
         ):
             raise ValueError(f"time_budget must be a positive number of minutes or None, got {self.time_budget!r}.")
-        for name in ("vocab_size", "batch_tokens", "warmup_steps", "checkpoint_every", "validate_every",
+        for name in ("vocab_size", "batch_tokens", "pad_to_multiple_of", "warmup_steps", "checkpoint_every", "validate_every",
                      "log_every", "steps_per_execution"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:

@@ -25,14 +25,14 @@ def materialize(dataset):
     return tf.concat(sources, 0), tf.concat(targets, 0)
 
 
-def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_replicas):
+def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_replicas, boundaries=None):
     """Batches `make_batches(..., drop_remainder=True)` yields for one pass over these pairs.
 
     With the remainder dropped, this is `sum_k n_k // size_k` over the length
     buckets k (n_k pairs of bucket k, size_k sentences per batch), whatever the
     order of the pairs: every shuffled pass has this many batches.
     """
-    boundaries = data.default_bucket_boundaries(max_length)
+    boundaries = boundaries or data.default_bucket_boundaries(max_length)
     sizes = data.bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
     src, tgt = pairs
     counts = np.zeros(len(boundaries), np.int64)
@@ -55,6 +55,7 @@ class TrainingData:
         self.tokenizer = tokenizer
         self.num_replicas = num_replicas
         self.max_length = max_length
+        self.boundaries = data.default_bucket_boundaries(max_length, multiple=args.pad_to_multiple_of)
         self.options = tf.data.Options()
         # Every worker builds the same global batches and keeps its replicas' slices.
         self.options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
@@ -79,7 +80,7 @@ class TrainingData:
         # before the end of a pass, "epochs" count steps rather than passes,
         # and a resumed run continues at an approximate place with new samples.
         return count_batches_per_epoch(self.tensors, self.tokenizer, self.args.batch_tokens,
-                                       self.max_length, self.num_replicas)
+                                       self.max_length, self.num_replicas, self.boundaries)
 
     def _epoch_batches(self, epoch):
         src, tgt = self.tensors
@@ -89,7 +90,8 @@ class TrainingData:
         # One pool per pass: every pass has exactly sum_k n_k // size_k batches.
         return data.make_batches(
             pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
-            shuffle=False, num_replicas=self.num_replicas, drop_remainder=True, pool_size=self.num_pairs,
+            bucket_boundaries=self.boundaries, shuffle=False, num_replicas=self.num_replicas, drop_remainder=True,
+            pool_size=self.num_pairs,
             sampling_alpha=self.args.subword_sampling,
         )
 
@@ -99,7 +101,8 @@ class TrainingData:
             # Streamed corpora: a resumed run reshuffles (seed + step) instead of replaying.
             dataset = data.make_batches(
                 self.text, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
-                shuffle=True, seed=self.args.seed + start_step, num_replicas=self.num_replicas,
+                bucket_boundaries=self.boundaries, shuffle=True, seed=self.args.seed + start_step,
+                num_replicas=self.num_replicas,
                 repeat=True, drop_remainder=True, sampling_alpha=self.args.subword_sampling,
             )
         else:
@@ -120,7 +123,7 @@ class TrainingData:
         """
         dataset = data.make_batches(
             text, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
-            shuffle=False, num_replicas=self.num_replicas, drop_remainder=False,
+            bucket_boundaries=self.boundaries, shuffle=False, num_replicas=self.num_replicas, drop_remainder=False,
         )
         batches = [tf.data.Dataset.from_tensors(batch) for batch in dataset]
         if not batches:
