@@ -96,6 +96,7 @@ def main(argv=None):
     parser.add_argument("--json", default=None, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
 
+    machine = common.machine_info()  # the load average before the pipelines run
     print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU cores")
     if args.tokenizer:
         tokenizer = Tokenizer(args.tokenizer)
@@ -145,7 +146,7 @@ def main(argv=None):
         r["num_shapes"] = len(r.pop("shapes"))
     common.write_json(args.json, {
         "benchmark": "input_pipeline", "batch_tokens": args.batch_tokens, "max_length": args.max_length,
-        "epochs": args.epochs, "rows": rows, "machine": common.machine_info(),
+        "epochs": args.epochs, "rows": rows, "machine": machine,
         "versions": common.package_versions(["keras-transformer", "tensorflow", "tensorflow-text", "sentencepiece"]),
     })
 

@@ -54,6 +54,17 @@ def test_caller_defaults_and_set_combine_key_by_key():
     assert args.overrides == {"dropout": 0.0, "num_layers": 2}
 
 
+@pytest.mark.parametrize("argv, multiple", [([], 8), (["--pad-to-multiple-of", "1"], 1)])
+def test_pad_to_multiple_of_reaches_the_training_args(argv, multiple):
+    assert parsed(argv).pad_to_multiple_of == multiple
+
+
+@pytest.mark.parametrize("value", [0, -8, 2.5])
+def test_pad_to_multiple_of_must_be_a_positive_integer(value):
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be a positive integer"):
+        training.TrainingArgs(pad_to_multiple_of=value)
+
+
 def test_train_help_documents_the_order(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train", "--help"])

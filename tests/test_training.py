@@ -405,8 +405,8 @@ def test_resuming_with_another_model_is_refused(tmp_path, spm500):
     ({"precision": "mixed_bfloat16"}, r"--precision \('float32' -> 'mixed_bfloat16'\)"),
     ({"pad_to_multiple_of": 1}, r"--pad-to-multiple-of \(8 -> 1\)"),
 ])
-def test_resuming_with_another_schedule_or_precision_is_refused(tmp_path, spm500, change, message):
-    """A resume that would change the learning rate or the precision is another experiment."""
+def test_resuming_with_another_schedule_precision_or_batching_is_refused(tmp_path, spm500, change, message):
+    """A resume that would change the learning rate, the precision or the batches is another experiment."""
     run_dir = new_run_dir(tmp_path / "run", spm500)
     args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
     (run_dir / "config.json").write_text(json.dumps({
@@ -439,11 +439,16 @@ def test_training_batches_are_padded_to_the_buckets_of_pad_to_multiple_of(spm500
     boundaries = data.default_bucket_boundaries(48, multiple=multiple)
     batches = list(stream._epoch_batches(0))
     assert len(batches) == stream.batches_per_epoch() > 0
+    counted = training_stream.count_batches_per_epoch(stream.tensors, stream.tokenizer, 512, 48, 1, boundaries)
+    assert stream.batches_per_epoch() == counted
+    if multiple == 1:  # the epoch count follows the buckets: the default ones give another count here
+        assert counted != training_stream.count_batches_per_epoch(stream.tensors, stream.tokenizer, 512, 48, 1)
     lengths = {int(b[1].shape[1]) for b in batches}
     assert lengths <= set(boundaries)
     if multiple == 1:
         assert lengths - set(data.default_bucket_boundaries(48, multiple=8))  # lengths only fine buckets have
-    for (source, target_in), target_out in batches:
+    validation = list(stream.validation(data.load_dataset("multi30k", "val")))
+    for (source, target_in), target_out in batches + validation:
         # Each batch is padded to the smallest boundary that holds its longest pair.
         longest = max(int(np.max(np.sum(source.numpy() != 0, axis=1))),
                       int(np.max(np.sum(target_out.numpy() != 0, axis=1))))

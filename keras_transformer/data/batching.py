@@ -50,11 +50,9 @@ def default_bucket_boundaries(
     is ``max_length``. For ``max_length=256``: 8, 16, ..., 88, 104, 120, 136,
     152, 168, 192, 216, 240, 256 (20 buckets). ``multiple=1`` gives short
     sentences, most of a corpus, buckets one or two tokens apart: 8, 9, 10,
-    11, 13, 15, ..., 251, 256 (34 buckets). That pads far less
-    (``benchmarks/input_pipeline.py``), so a batch of the same token budget
-    holds more sentences for the same cost; trained for the same number of
-    steps on Multi30k, it reached the same validation loss and BLEU
-    (``benchmarks/recipe_trials.py``, trial ``small_drop0.1_pad1_steps1944``).
+    11, 13, 15, ..., 251, 256 (34 buckets), which pads far less, with more
+    batch shapes (``benchmarks/input_pipeline.py``; benchmarks/README.md has
+    what it did to the demo's training).
 
     Args:
         max_length: longest sequence length (including special tokens).

@@ -152,8 +152,8 @@ class TrainingArgs:
             and self.time_budget > 0
         ):
             raise ValueError(f"time_budget must be a positive number of minutes or None, got {self.time_budget!r}.")
-        for name in ("vocab_size", "batch_tokens", "pad_to_multiple_of", "warmup_steps", "checkpoint_every", "validate_every",
-                     "log_every", "steps_per_execution"):
+        for name in ("vocab_size", "batch_tokens", "pad_to_multiple_of", "warmup_steps", "checkpoint_every",
+                     "validate_every", "log_every", "steps_per_execution"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")

@@ -30,9 +30,11 @@ def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_repl
 
     With the remainder dropped, this is `sum_k n_k // size_k` over the length
     buckets k (n_k pairs of bucket k, size_k sentences per batch), whatever the
-    order of the pairs: every shuffled pass has this many batches.
+    order of the pairs: every shuffled pass has this many batches. `boundaries`:
+    the length buckets the batches use (default `data.default_bucket_boundaries(max_length)`).
     """
-    boundaries = boundaries or data.default_bucket_boundaries(max_length)
+    if boundaries is None:
+        boundaries = data.default_bucket_boundaries(max_length)
     sizes = data.bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
     src, tgt = pairs
     counts = np.zeros(len(boundaries), np.int64)
@@ -90,8 +92,8 @@ class TrainingData:
         # One pool per pass: every pass has exactly sum_k n_k // size_k batches.
         return data.make_batches(
             pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
-            bucket_boundaries=self.boundaries, shuffle=False, num_replicas=self.num_replicas, drop_remainder=True,
-            pool_size=self.num_pairs,
+            bucket_boundaries=self.boundaries, shuffle=False, num_replicas=self.num_replicas,
+            drop_remainder=True, pool_size=self.num_pairs,
             sampling_alpha=self.args.subword_sampling,
         )
 
@@ -102,8 +104,8 @@ class TrainingData:
             dataset = data.make_batches(
                 self.text, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
                 bucket_boundaries=self.boundaries, shuffle=True, seed=self.args.seed + start_step,
-                num_replicas=self.num_replicas,
-                repeat=True, drop_remainder=True, sampling_alpha=self.args.subword_sampling,
+                num_replicas=self.num_replicas, repeat=True, drop_remainder=True,
+                sampling_alpha=self.args.subword_sampling,
             )
         else:
             first_epoch, skip = divmod(start_step, steps_per_epoch)
