@@ -404,11 +404,11 @@ def _check_resume_config(run_dir, args, model_config):
     for key in sorted(set(saved_model) | set(model)):
         if saved_model.get(key) != model.get(key):
             problems.append(f"model {key} ({saved_model.get(key)!r} -> {model.get(key)!r})")
-    saved_training = saved.get("training", {})
+    # A run recorded before an option existed had its legacy value.
+    saved_training = {**RESUME_LEGACY_VALUES, **saved.get("training", {})}
     for key in RESUME_FIXED:
-        saved_value = saved_training.get(key, RESUME_LEGACY_VALUES.get(key))
-        if (key in saved_training or key in RESUME_LEGACY_VALUES) and saved_value != getattr(args, key):
-            problems.append(f"--{key.replace('_', '-')} ({saved_value!r} -> {getattr(args, key)!r})")
+        if key in saved_training and saved_training[key] != getattr(args, key):
+            problems.append(f"--{key.replace('_', '-')} ({saved_training[key]!r} -> {getattr(args, key)!r})")
     if problems:
         raise ValueError(
             f"{run_dir} holds a run with a different {'; '.join(problems)}. Use the same options to "
