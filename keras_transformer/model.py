@@ -13,6 +13,7 @@ from keras import ops
 from keras_transformer.config import TransformerConfig
 from keras_transformer.layers import (
     Decoder,
+    Dropout,
     Encoder,
     LearnedPositionalEmbedding,
     PositionalEncoding,
@@ -87,8 +88,8 @@ class Transformer(keras.Model):
                 c.max_length, dtype=self.dtype_policy, name="target_positions"
             )
         # "We apply dropout to the sums of the embeddings and the positional encodings" (§5.4).
-        self.source_dropout = keras.layers.Dropout(c.dropout, dtype=self.dtype_policy, name="source_dropout")
-        self.target_dropout = keras.layers.Dropout(c.dropout, dtype=self.dtype_policy, name="target_dropout")
+        self.source_dropout = Dropout(c.dropout, dtype=self.dtype_policy, name="source_dropout")
+        self.target_dropout = Dropout(c.dropout, dtype=self.dtype_policy, name="target_dropout")
         stack = dict(
             num_layers=c.num_layers,
             num_heads=c.num_heads,

@@ -4,6 +4,7 @@
 - `feed_forward`: FeedForward (§3.3)
 - `embedding`: SharedEmbedding (§3.4)
 - `positional_encoding`: PositionalEncoding, LearnedPositionalEmbedding (§3.5)
+- `dropout`: Dropout with an exact rate in every dtype (§5.4)
 - `layer_norm`: LayerNormalization with a closed-form gradient (§3.1)
 - `sublayer`: SublayerConnection, the residual + LayerNorm of §3.1 / §5.4
 - `initialization`: initializer_for_weight, one initializer copy per weight
@@ -15,6 +16,7 @@
 from keras_transformer.layers.attention import MultiHeadAttention, causal_mask
 from keras_transformer.layers.base import TransformerLayer, TransformerStack
 from keras_transformer.layers.decoder import Decoder, DecoderLayer
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.embedding import SharedEmbedding
 from keras_transformer.layers.encoder import Encoder, EncoderLayer
 from keras_transformer.layers.feed_forward import FeedForward
@@ -29,6 +31,7 @@ from keras_transformer.layers.sublayer import SublayerConnection
 __all__ = [
     "Decoder",
     "DecoderLayer",
+    "Dropout",
     "Encoder",
     "EncoderLayer",
     "FeedForward",

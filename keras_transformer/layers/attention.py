@@ -15,6 +15,7 @@ from keras import ops
 
 from keras_transformer import compat
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.initialization import initializer_for_weight
 
 # Added to the logits of masked positions. Finite, so that a row with every key
@@ -178,7 +179,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key_bias = bias("key_bias", n * dk, 1)
         self.value_bias = bias("value_bias", n * dv, 2)
         self.output_bias = bias("output_bias", output_dim, 3)
-        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
 
     # Projections ---------------------------------------------------------------

@@ -6,6 +6,7 @@ Pre-LN, an option (Xiong et al., 2020): `x + Dropout(Sublayer(LayerNorm(x)))`.
 
 import keras
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.layer_norm import LayerNormalization
 
 
@@ -42,7 +43,7 @@ class SublayerConnection(keras.layers.Layer):
             epsilon=self.epsilon, dtype=self.dtype_policy, name="layer_norm"
         )
         self.layer_norm.build(inputs_shape)
-        self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.residual_dropout = Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True
 
     def normalize(self, inputs):
