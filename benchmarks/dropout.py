@@ -81,6 +81,7 @@ def _with_keras_dropout(model):
 
 
 def training_system(name, args, batches, dropout, keras_dropout=False):
+    """The small model in mixed_bfloat16 under `model.fit`, its dropouts ours or (`keras_dropout`) Keras'."""
     def setup():
         import keras
 

@@ -26,11 +26,37 @@ def test_drops_its_rate_in_every_dtype(policy):
         assert _dropped_share(layer) == pytest.approx(0.1, abs=6e-4)
 
 
-@pytest.mark.parametrize("rate, shape", [(0.3, _SHAPE), (0.1, (4096, 1023)), (0.002, _SHAPE)])
-def test_drops_its_rate_on_every_path(rate, shape):
-    # 16-bit decisions; 32-bit ones for an odd last dimension and for small rates.
-    share = _dropped_share(Dropout(rate, seed=0), shape)
+def _kept_share(rate, bits):
+    return 1 - round(rate * 2**bits) / 2**bits
+
+
+@pytest.mark.parametrize("rate, shape, bits", [
+    (0.3, _SHAPE, 16),  # [..., D / 2] numbers, two decisions each
+    (0.1, (4096, 1023), 16),  # odd width: the flattened draw
+    (0.002, _SHAPE, 32),  # within 2^-8 of 0: 16 bits would round the rate by 0.2%+
+    (0.9999, _SHAPE, 32),  # ... or of 1
+])
+def test_drops_its_rate_and_scales_by_the_kept_share_on_every_path(rate, shape, bits):
+    y = np.asarray(Dropout(rate, seed=0)(tf.ones(shape), training=True))
+    share = float(np.mean(y == 0.0))
     assert share == pytest.approx(rate, abs=4 * np.sqrt(rate * (1 - rate) / np.prod(shape)))
+    # The scale tells the paths apart: 1 / the share the path keeps, to the float32 bit.
+    np.testing.assert_array_equal(np.unique(y[y != 0]), [np.float32(1 / _kept_share(rate, bits))])
+
+
+@pytest.mark.parametrize("shape", [(2048, 2048), (2048, 2047)])
+def test_the_two_decisions_of_one_random_number_are_independent(shape):
+    y = np.asarray(Dropout(0.3, seed=0)(tf.ones(shape), training=True)).reshape(-1)
+    pairs = y[: y.size // 2 * 2].reshape(-1, 2) == 0  # elements 2i and 2i + 1 share a 32-bit number
+    assert np.mean(pairs.all(axis=1)) == pytest.approx(0.09, abs=1e-3)  # 0.3^2, not 0.3
+
+
+def test_unknown_static_shape_and_scalar():
+    layer = Dropout(0.1, seed=0)
+    fn = tf.function(lambda x: layer(x, training=True), input_signature=[tf.TensorSpec([None, None])])
+    assert float(np.mean(np.asarray(fn(tf.ones(_SHAPE))) == 0)) == pytest.approx(0.1, abs=6e-4)
+    values = {float(Dropout(0.5, seed=seed)(tf.constant(3.0), training=True)) for seed in range(8)}
+    assert values == {0.0, 6.0}
 
 
 def test_kept_values_are_scaled_to_keep_the_expectation():

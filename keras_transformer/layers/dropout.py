@@ -26,13 +26,13 @@ class Dropout(keras.layers.Dropout):
     the identity. Same arguments, config and seed generator as Keras'
     layer. On TensorFlow, without `noise_shape`, the keep decisions are
     random integers compared with the rate rounded to a multiple of 2^-16
-    (rates under 2^-8, where that rounding would be coarse, use 32 bits),
-    and kept values are scaled by 1 / the kept share so drawn. Other
-    backends and `noise_shape` use Keras' own dropout.
+    (of 2^-32 for rates within 2^-8 of 0 or 1, where that rounding would
+    be coarse), and kept values are scaled by 1 / the kept share so drawn.
+    Other backends and `noise_shape` use Keras' own dropout.
 
     In a 16-bit compute dtype the scale is rounded to that dtype like any
     product: 1 / 0.9 is 1.109375 in bfloat16, so the output's expectation
-    is 0.9985 of the input (Keras' dropout: 0.9968, its rate and its scale
+    is 0.9984 of the input (Keras' dropout: 0.9968, its rate and its scale
     both off).
 
     Args:
@@ -64,25 +64,33 @@ class Dropout(keras.layers.Dropout):
         scale = ops.cast(1.0 / kept_share, inputs.dtype)
         return inputs * ops.where(keep, scale, ops.zeros((), inputs.dtype))
 
+
 def _keep_mask(inputs, rate, seed):
     """`(keep, kept_share)`: a bool tensor of `inputs`' shape, True with probability `kept_share`.
 
-    `kept_share` is 1 - rate with the rate rounded to a multiple of 2^-16
-    (2^-32 for rates under 2^-8 or an odd last dimension).
+    `kept_share` is 1 - rate with the rate rounded to a multiple of 2^-16,
+    or of 2^-32 for rates within 2^-8 of 0 or 1, where 16 bits would round
+    the rate (or 1 - rate) by more than 0.2%.
     """
     import tensorflow as tf
 
     if seed.dtype != tf.int32:  # TF's stateless ops take int32 seeds; Keras keeps them in an int64 variable
         seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
     shape = tf.shape(inputs)
-    last = inputs.shape[-1]
-    if rate >= 2.0**-8 and last is not None and last % 2 == 0:
-        # Two 16-bit draws per 32-bit number: [..., D / 2] uint32 -> [..., D / 2, 2] uint16 -> [..., D].
-        threshold = min(round(rate * 2**16), 2**16 - 1)
-        half = tf.concat([shape[:-1], [last // 2]], axis=0)
-        bits = tf.random.stateless_uniform(half, seed, minval=None, maxval=None, dtype=tf.uint32)
+    if not 2.0**-8 <= rate <= 1 - 2.0**-8:
+        threshold = max(1, min(round(rate * 2**32), 2**32 - 1))
+        bits = tf.random.stateless_uniform(shape, seed, minval=None, maxval=None, dtype=tf.uint32)
+        return bits >= tf.constant(threshold, tf.uint32), 1.0 - threshold / 2**32
+    # 16 bits decide well enough, and one Philox number then decides two elements:
+    # half the random numbers, the largest cost of a dropout.
+    threshold = round(rate * 2**16)
+    last = inputs.shape[-1] if inputs.shape.rank else None
+    if last is not None and last % 2 == 0:  # [..., D / 2] uint32 -> [..., D / 2, 2] uint16 -> [..., D]
+        half_shape = tf.concat([shape[:-1], [last // 2]], axis=0)
+        bits = tf.random.stateless_uniform(half_shape, seed, minval=None, maxval=None, dtype=tf.uint32)
         bits = tf.reshape(tf.bitcast(bits, tf.uint16), shape)
-        return bits >= tf.constant(threshold, tf.uint16), 1.0 - threshold / 2**16
-    threshold = max(1, min(round(rate * 2**32), 2**32 - 1))
-    bits = tf.random.stateless_uniform(shape, seed, minval=None, maxval=None, dtype=tf.uint32)
-    return bits >= tf.constant(threshold, tf.uint32), 1.0 - threshold / 2**32
+    else:  # any other shape: ceil(n / 2) numbers, flattened, the last half-number unused when n is odd
+        size = tf.size(inputs)
+        bits = tf.random.stateless_uniform([(size + 1) // 2], seed, minval=None, maxval=None, dtype=tf.uint32)
+        bits = tf.reshape(tf.reshape(tf.bitcast(bits, tf.uint16), [-1])[:size], shape)
+    return bits >= tf.constant(threshold, tf.uint16), 1.0 - threshold / 2**16
