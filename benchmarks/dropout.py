@@ -82,6 +82,8 @@ def _with_keras_dropout(model):
 
 def training_system(name, args, batches, dropout, keras_dropout=False):
     """The small model in mixed_bfloat16 under `model.fit`, its dropouts ours or (`keras_dropout`) Keras'."""
+    info = {"dropout": dropout}
+
     def setup():
         import keras
 
@@ -93,13 +95,12 @@ def training_system(name, args, batches, dropout, keras_dropout=False):
             source, target_in, _ = batches[0]
             model((source, target_in))  # builds every sublayer before the swap
             if keras_dropout:
-                system.info["dropout_layers_swapped"] = _with_keras_dropout(model)
+                info["dropout_layers_swapped"] = _with_keras_dropout(model)
             model.compile()
             train_throughput.keras_fit(model, train_throughput.keras_dataset(batches), args.warmup_steps)
         return train_throughput.keras_runner(model, batches, args.steps, "mixed_bfloat16")
 
-    system = common.System(name, setup, baseline="keras dropout", info={"dropout": dropout})
-    return system
+    return common.System(name, setup, baseline="keras dropout", info=info)
 
 
 def paired_ratios(results, baseline="keras dropout"):
