@@ -271,6 +271,29 @@ def test_feed_forward_is_relu_sandwich():
     np.testing.assert_allclose(out, np.maximum(0, x @ w1 + b1) @ w2 + b2, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(5, 4), (2, 3, 4), (2, 3, 2, 4), (1, 0, 4)], ids=str)
+def test_feed_forward_applies_to_each_position_of_any_rank(shape):
+    """§3.3: the same two maps at every position, whatever the leading axes (rows are flattened for the matmuls)."""
+    layer = FeedForward(d_ff=6, output_dim=3)
+    x = np.random.default_rng(7).normal(size=shape).astype("float32")
+    out = np.asarray(layer(x))
+    assert out.shape == shape[:-1] + (3,)
+    w1, b1 = (np.asarray(w) for w in (layer.inner.kernel, layer.inner.bias))
+    w2, b2 = (np.asarray(w) for w in (layer.outer.kernel, layer.outer.bias))
+    np.testing.assert_allclose(out, np.maximum(0, x @ w1 + b1) @ w2 + b2, atol=1e-5)
+
+
+def test_feed_forward_keeps_unknown_leading_axes_in_a_graph():
+    import tensorflow as tf
+
+    layer = FeedForward(d_ff=6)
+    layer.build((None, None, 4))
+    traced = tf.function(layer, input_signature=[tf.TensorSpec([None, None, 4])])
+    assert traced.get_concrete_function().structured_outputs.shape.as_list() == [None, None, 4]
+    x = np.random.default_rng(8).normal(size=(3, 5, 4)).astype("float32")
+    np.testing.assert_allclose(np.asarray(traced(x)), np.asarray(layer(x)), atol=1e-6)
+
+
 def test_post_ln_and_pre_ln_encoder_layers_follow_their_formulas():
     x = np.random.default_rng(6).normal(size=(2, 4, 8)).astype("float32")
 
