@@ -12,7 +12,8 @@ so the loss of one token with logits z is
     -sum_k q(k) log p(k) = logsumexp(z) - (1 - epsilon) z_y - (epsilon / V) sum_k z_k
 
 with the closed-form gradient softmax(z) - q: no scatter, no one-hot in the
-forward pass.
+forward pass. The mean loss of a batch computes that gradient in its forward
+pass, where softmax(z) is at hand for the log-normalizer.
 """
 
 import functools
@@ -87,6 +88,60 @@ def _xla_compiled_loss():
     return tf.function(_smoothed_token_loss_generic, jit_compile=True)
 
 
+def _weighted_loss_and_gradient(logits, labels, weights, epsilon, gradient_dtype):
+    """`sum_t weights_t loss_t` (float32) and its gradient `weights_t (softmax(z_t) - q_t)`, in one pass.
+
+    The forward pass needs `exp(z - max)` for the log-normalizer anyway; the
+    gradient reuses it there instead of reading the logits again later.
+    """
+    z = ops.cast(logits, "float32")
+    shifted = ops.exp(z - ops.max(z, axis=-1, keepdims=True))
+    total = ops.sum(shifted, axis=-1, keepdims=True)
+    log_normalizer = ops.squeeze(ops.log(total), -1) + ops.max(z, axis=-1)
+    target_logit = ops.squeeze(ops.take_along_axis(z, labels[..., None], axis=-1), axis=-1)
+    token_losses = log_normalizer - (1.0 - epsilon) * target_logit - epsilon * ops.mean(z, axis=-1)
+    target = (1.0 - epsilon) * ops.one_hot(labels, z.shape[-1], dtype="float32") + epsilon / z.shape[-1]
+    gradient = weights[..., None] * (shifted / total - target)
+    # `where`: a padded position's loss is 0 even when its logits are not finite.
+    value = ops.sum(ops.where(weights != 0, token_losses * weights, 0.0))
+    return value, ops.cast(gradient, gradient_dtype)
+
+
+@functools.cache
+def _xla_compiled_loss_and_gradient():
+    import tensorflow as tf
+
+    return tf.function(_weighted_loss_and_gradient, jit_compile=True)
+
+
+def _weighted_loss_tf(logits, labels, weights, epsilon):
+    """`sum_t weights_t loss_t` whose backward pass returns the gradient computed with it.
+
+    The backward pass only scales the stored gradient by the upstream
+    gradient, and skips even that when it is 1 (a plain `fit`). float16
+    gradients are kept in float32 until then: unscaled, they would underflow
+    before a loss scale could lift them.
+    """
+    import tensorflow as tf
+
+    gradient_dtype = tf.float32 if logits.dtype == tf.float16 else logits.dtype
+
+    @tf.custom_gradient
+    def weighted_loss(logits):
+        value, gradient = _xla_compiled_loss_and_gradient()(logits, labels, weights, epsilon, gradient_dtype)
+
+        def grad(upstream):
+            return tf.cond(
+                tf.equal(upstream, 1.0),
+                lambda: tf.cast(gradient, logits.dtype),
+                lambda: tf.cast(tf.cast(gradient, tf.float32) * upstream, logits.dtype),
+            )
+
+        return value, grad
+
+    return weighted_loss(logits)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LabelSmoothedCrossEntropy(keras.losses.Loss):
     """Sparse label-smoothed cross-entropy over logits, averaged over real tokens (§5.4).
@@ -94,7 +149,10 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     Tokens whose label is `pad_id` contribute nothing. The mean is taken over
     the real tokens of the whole global batch, also under a `tf.distribute`
     strategy (each replica divides its sum by the all-reduced token count), so
-    one device and N replicas train alike.
+    one device and N replicas train alike. On TensorFlow the mean and its
+    gradient come out of one XLA-compiled pass over the logits; the backward
+    pass only scales that gradient (`call()`, the per-token losses, is
+    differentiated the usual way).
 
     Args:
         label_smoothing: epsilon_ls; 0.1 in the paper.
@@ -126,18 +184,18 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         labels = ops.cast(y_true, "int32")
-        losses = self.call(labels, y_pred)
         weights = ops.cast(labels != self.pad_id, "float32")
         if sample_weight is not None:
             sample_weight = ops.cast(sample_weight, "float32")
             while len(sample_weight.shape) < len(weights.shape):
                 sample_weight = sample_weight[..., None]
             weights = weights * sample_weight
-            losses = losses * sample_weight
         # Keras sums the replicas' gradients: dividing each replica's sum by the
         # global count makes that sum the gradient of the global mean.
-        count = _sum_over_replicas(ops.sum(weights))
-        return ops.sum(losses) / ops.maximum(count, 1.0)
+        weights = weights / ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
+        if keras.backend.backend() == "tensorflow":
+            return _weighted_loss_tf(y_pred, labels, weights, self.label_smoothing)
+        return ops.sum(self.call(labels, y_pred) * weights)
 
     def get_config(self):
         return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}

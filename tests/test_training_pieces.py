@@ -188,6 +188,65 @@ def test_xla_compiled_loss_equals_the_generic_one(epsilon):
     np.testing.assert_allclose(tf.cast(gradient, tf.float32).numpy(), results[1][1], atol=2e-2)
 
 
+def _loss_and_gradient(loss, labels, logits, sample_weight=None, upstream=1.0):
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        value = loss(labels, logits, sample_weight=sample_weight)
+        scaled = value * upstream
+    return value, tape.gradient(scaled, logits)
+
+
+@pytest.mark.parametrize("upstream", [1.0, 3.0], ids=["upstream 1", "upstream 3"])
+@pytest.mark.parametrize("with_sample_weight", [False, True], ids=["", "sample weights"])
+def test_loss_with_its_gradient_from_the_forward_pass_equals_the_per_token_formula(upstream, with_sample_weight):
+    """The TF path (value and gradient in one XLA pass, the gradient scaled by the upstream one, or not when
+    it is 1) against the mean of the per-token losses of `call()` differentiated by autodiff."""
+    rng = np.random.default_rng(3)
+    logits = tf.constant(rng.normal(size=(2, 4, 9)).astype("float32") * 3)
+    labels = tf.constant([[1, 8, 0, 0], [2, 2, 5, 3]])
+    sample_weight = tf.constant([[1.0, 0.5, 1.0, 1.0], [2.0, 0.0, 1.0, 1.0]]) if with_sample_weight else None
+    loss = LabelSmoothedCrossEntropy(0.1)
+    value, gradient = _loss_and_gradient(loss, labels, logits, sample_weight, upstream)
+    weights = tf.cast(labels != 0, tf.float32) * (1.0 if sample_weight is None else sample_weight)
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        reference = tf.reduce_sum(loss.call(labels, logits) * weights) / tf.reduce_sum(weights)
+        scaled = reference * upstream
+    np.testing.assert_allclose(value.numpy(), reference.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(gradient.numpy(), tape.gradient(scaled, logits).numpy(), atol=1e-7)
+
+
+def test_loss_gradient_in_low_precision():
+    """bf16 logits get a bf16 gradient (float32's within bf16 rounding); float16 logits keep the gradient in
+    float32 until the upstream gradient (a loss scale) has scaled it, so it does not underflow."""
+    rng = np.random.default_rng(4)
+    # Logits that bf16 and float16 represent exactly, so every dtype differentiates the same function.
+    logits = tf.cast(tf.cast(rng.normal(size=(8, 64, 50)).astype("float32") * 8, tf.bfloat16), tf.float32)
+    labels = tf.constant(rng.integers(1, 50, size=(8, 64)))
+    loss = LabelSmoothedCrossEntropy(0.0)  # no epsilon / V floor under the gradients: many are tiny
+    scale = 2.0 ** 15
+    _, exact = _loss_and_gradient(loss, labels, logits, upstream=scale)
+    exact = exact.numpy()
+    _, half = _loss_and_gradient(loss, labels, tf.cast(logits, tf.bfloat16), upstream=scale)
+    assert half.dtype == tf.bfloat16
+    np.testing.assert_allclose(tf.cast(half, tf.float32).numpy(), exact, rtol=2 ** -8, atol=1e-30)
+    _, half = _loss_and_gradient(loss, labels, tf.cast(logits, tf.float16), upstream=scale)
+    assert half.dtype == tf.float16
+    half = tf.cast(half, tf.float32).numpy()
+    np.testing.assert_allclose(half, exact, rtol=2 ** -10, atol=6e-8)
+    # Unscaled, these gradients would be below float16's smallest number (6e-8) and round to 0.
+    tiny = np.abs(exact / scale) < 3e-8
+    assert tiny.mean() > 0.1 and np.mean(half[tiny] != 0) > 0.5
+
+
+def test_loss_ignores_non_finite_logits_at_padding():
+    logits = np.random.default_rng(5).normal(size=(1, 3, 6)).astype("float32")
+    logits[0, 2] = np.inf
+    value = LabelSmoothedCrossEntropy(0.1)(np.array([[1, 4, 0]]), logits)
+    assert np.isfinite(float(value))
+    assert float(value) == pytest.approx(numpy_smoothed_loss(logits[:, :2], np.array([[1, 4]]), 0.1), rel=1e-5)
+
+
 def test_masked_accuracy_counts_only_real_tokens():
     metric = MaskedAccuracy()
     logits = np.zeros((1, 4, 5), "float32")
