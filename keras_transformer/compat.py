@@ -20,6 +20,18 @@ def graph_is_compiled_by_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def gradient_may_be_recorded():
+    """Whether a gradient tape records the ops being built here (eagerly, or while a function is traced).
+
+    TensorFlow has no public predicate for it. `LabelSmoothedCrossEntropy`
+    computes its gradient in the forward pass only when one may be asked
+    for: not in `model.evaluate`, whose step is traced without a tape.
+    """
+    from tensorflow.python.eager import record
+
+    return bool(record.could_possibly_record())
+
+
 def save_weights_without_optimizer(model, path):
     """Writes only the model's weights (not its optimizer's) to a `.weights.h5` file.
 

@@ -81,6 +81,12 @@ def _sum_over_replicas(value):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
+def _gradient_may_be_recorded():
+    from keras_transformer import compat
+
+    return compat.gradient_may_be_recorded()
+
+
 @functools.cache
 def _xla_compiled_loss():
     import tensorflow as tf
@@ -193,8 +199,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         # Keras sums the replicas' gradients: dividing each replica's sum by the
         # global count makes that sum the gradient of the global mean.
         weights = weights / ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
-        if keras.backend.backend() == "tensorflow":
+        if keras.backend.backend() == "tensorflow" and _gradient_may_be_recorded():
             return _weighted_loss_tf(y_pred, labels, weights, self.label_smoothing)
+        # Evaluation: no gradient to compute ahead (and this is differentiable all the same).
         return ops.sum(self.call(labels, y_pred) * weights)
 
     def get_config(self):

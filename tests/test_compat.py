@@ -42,6 +42,24 @@ def test_graph_is_compiled_by_xla():
     assert compat.graph_is_compiled_by_xla() is False  # eager
 
 
+def test_gradient_may_be_recorded():
+    seen = []
+
+    @tf.function
+    def probe():
+        seen.append(compat.gradient_may_be_recorded())
+        return tf.constant(1.0)
+
+    assert compat.gradient_may_be_recorded() is False
+    probe.get_concrete_function()  # traced without a tape
+    with tf.GradientTape() as tape:
+        assert compat.gradient_may_be_recorded() is True
+        tf.function(probe.python_function).get_concrete_function()  # traced under it
+        with tape.stop_recording():
+            assert compat.gradient_may_be_recorded() is False
+    assert seen == [False, True]
+
+
 def tiny_model():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")

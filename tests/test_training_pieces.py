@@ -216,6 +216,28 @@ def test_loss_with_its_gradient_from_the_forward_pass_equals_the_per_token_formu
     np.testing.assert_allclose(gradient.numpy(), tape.gradient(scaled, logits).numpy(), atol=1e-7)
 
 
+def test_loss_computes_its_gradient_ahead_only_under_a_tape(monkeypatch):
+    """fit's step (traced under a tape) takes the one-pass value-and-gradient path; evaluate's step does
+    not, and gets the same value."""
+    from keras_transformer import losses
+
+    calls = []
+    one_pass = losses._weighted_loss_tf
+    monkeypatch.setattr(losses, "_weighted_loss_tf", lambda *args: calls.append(1) or one_pass(*args))
+    rng = np.random.default_rng(6)
+    logits = tf.constant(rng.normal(size=(2, 3, 7)).astype("float32"))
+    labels = tf.constant([[1, 6, 0], [2, 2, 5]])
+    loss = LabelSmoothedCrossEntropy(0.1)
+    evaluated = float(tf.function(loss)(labels, logits))
+    assert calls == []
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        trained = float(tf.function(loss)(labels, logits))
+    assert calls == [1]
+    assert evaluated == pytest.approx(trained, rel=1e-6)
+    assert evaluated == pytest.approx(numpy_smoothed_loss(logits.numpy(), labels.numpy(), 0.1), rel=1e-5)
+
+
 def test_loss_gradient_in_low_precision():
     """bf16 logits get a bf16 gradient (float32's within bf16 rounding); float16 logits keep the gradient in
     float32 until the upstream gradient (a loss scale) has scaled it, so it does not underflow."""
@@ -242,9 +264,14 @@ def test_loss_gradient_in_low_precision():
 def test_loss_ignores_non_finite_logits_at_padding():
     logits = np.random.default_rng(5).normal(size=(1, 3, 6)).astype("float32")
     logits[0, 2] = np.inf
-    value = LabelSmoothedCrossEntropy(0.1)(np.array([[1, 4, 0]]), logits)
-    assert np.isfinite(float(value))
-    assert float(value) == pytest.approx(numpy_smoothed_loss(logits[:, :2], np.array([[1, 4]]), 0.1), rel=1e-5)
+    expected = numpy_smoothed_loss(logits[:, :2], np.array([[1, 4]]), 0.1)
+    loss = LabelSmoothedCrossEntropy(0.1)
+    logits = tf.constant(logits)
+    with tf.GradientTape() as tape:  # the one-pass path with its gradient
+        tape.watch(logits)
+        with_gradient = loss(np.array([[1, 4, 0]]), logits)
+    assert float(with_gradient) == pytest.approx(expected, rel=1e-5)
+    assert float(loss(np.array([[1, 4, 0]]), logits)) == pytest.approx(expected, rel=1e-5)
 
 
 def test_masked_accuracy_counts_only_real_tokens():
