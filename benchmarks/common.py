@@ -243,6 +243,19 @@ def median(values):
 # Reporting ---------------------------------------------------------------------------
 
 
+def paired_ratios(results: List[Result], baseline: str, unit: str = "tokens"):
+    """`{name: median over rounds of (its rate / the baseline's rate in the same round)}`.
+
+    Runs alternate, so a round's runs share the machine's state of that moment; their ratio cancels its drift.
+    """
+    base = next(r for r in results if r.name == baseline)
+    ratios = {}
+    for r in results:
+        pairs = [(a[unit] / s) / (b[unit] / t) for a, s, b, t in zip(r.amounts, r.seconds, base.amounts, base.seconds)]
+        ratios[r.name] = median(pairs)
+    return ratios
+
+
 def ratio_to_baseline(results: List[Result], unit: str):
     """`{name: median rate / median rate of its baseline}` (NaN if the baseline did not run)."""
     by_name = {r.name: r for r in results}

@@ -103,17 +103,6 @@ def training_system(name, args, batches, dropout, keras_dropout=False):
     return common.System(name, setup, baseline="keras dropout", info=info)
 
 
-def paired_ratios(results, baseline="keras dropout"):
-    """Per system: the median over rounds of (its rate / the baseline's rate in the same round)."""
-    base = next(r for r in results if r.name == baseline)
-    ratios = {}
-    for r in results:
-        pairs = [(a["tokens"] / s) / (b["tokens"] / t)
-                 for a, s, b, t in zip(r.amounts, r.seconds, base.amounts, base.seconds)]
-        ratios[r.name] = common.median(pairs)
-    return ratios
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=float, default=0.1)
@@ -138,7 +127,7 @@ def main(argv=None):
         training_system("dropout 0", args, batches, 0.0),
     ]
     results = common.run_alternating(systems, args.repeats)
-    ratios = paired_ratios(results)
+    ratios = common.paired_ratios(results, "keras dropout")
     print()
     print(common.markdown_table(
         ["training (small, mixed_bfloat16)", "target tokens/s (median)", "paired ratio to Keras' dropout"],
