@@ -12,8 +12,9 @@ so the loss of one token with logits z is
     -sum_k q(k) log p(k) = logsumexp(z) - (1 - epsilon) z_y - (epsilon / V) sum_k z_k
 
 with the closed-form gradient softmax(z) - q: no scatter, no one-hot in the
-forward pass. The mean loss of a batch computes that gradient in its forward
-pass, where softmax(z) is at hand for the log-normalizer.
+forward pass. Under a gradient tape, the mean loss of a batch computes that
+gradient in its forward pass, where softmax(z) is at hand for the
+log-normalizer.
 """
 
 import functools
@@ -45,7 +46,9 @@ def _smoothed_token_loss_generic(logits, labels, epsilon):
             if upstream is None:
                 (upstream,) = args
             target = (1.0 - epsilon) * ops.one_hot(labels, vocab_size, dtype=z.dtype) + epsilon / vocab_size
-            return upstream[..., None] * (ops.exp(z - log_normalizer[..., None]) - target)
+            upstream = upstream[..., None]
+            # `where`: no gradient to tokens with none coming (padding), even from non-finite logits.
+            return ops.where(upstream != 0, upstream * (ops.exp(z - log_normalizer[..., None]) - target), 0.0)
 
         return loss, grad
 
@@ -107,9 +110,10 @@ def _weighted_loss_and_gradient(logits, labels, weights, epsilon, gradient_dtype
     target_logit = ops.squeeze(ops.take_along_axis(z, labels[..., None], axis=-1), axis=-1)
     token_losses = log_normalizer - (1.0 - epsilon) * target_logit - epsilon * ops.mean(z, axis=-1)
     target = (1.0 - epsilon) * ops.one_hot(labels, z.shape[-1], dtype="float32") + epsilon / z.shape[-1]
-    gradient = weights[..., None] * (shifted / total - target)
-    # `where`: a padded position's loss is 0 even when its logits are not finite.
-    value = ops.sum(ops.where(weights != 0, token_losses * weights, 0.0))
+    # `where`: a padded position's loss and gradient are 0 even when its logits are not finite.
+    counted = weights != 0
+    gradient = ops.where(counted[..., None], weights[..., None] * (shifted / total - target), 0.0)
+    value = ops.sum(ops.where(counted, token_losses * weights, 0.0))
     return value, ops.cast(gradient, gradient_dtype)
 
 
@@ -126,7 +130,9 @@ def _weighted_loss_tf(logits, labels, weights, epsilon):
     The backward pass only scales the stored gradient by the upstream
     gradient, and skips even that when it is 1 (a plain `fit`). float16
     gradients are kept in float32 until then: unscaled, they would underflow
-    before a loss scale could lift them.
+    before a loss scale could lift them. A bf16 gradient is stored in bf16,
+    so an upstream gradient other than a power of two rounds it twice.
+    `weights` get no gradient.
     """
     import tensorflow as tf
 
@@ -134,7 +140,10 @@ def _weighted_loss_tf(logits, labels, weights, epsilon):
 
     @tf.custom_gradient
     def weighted_loss(logits):
-        value, gradient = _xla_compiled_loss_and_gradient()(logits, labels, weights, epsilon, gradient_dtype)
+        # stop_gradient: in eager mode the tape would otherwise record the compiled call itself and
+        # make it keep the intermediates of a backward pass that the custom gradient replaces.
+        value, gradient = _xla_compiled_loss_and_gradient()(
+            tf.stop_gradient(logits), labels, weights, epsilon, gradient_dtype)
 
         def grad(upstream):
             return tf.cond(
@@ -155,10 +164,13 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     Tokens whose label is `pad_id` contribute nothing. The mean is taken over
     the real tokens of the whole global batch, also under a `tf.distribute`
     strategy (each replica divides its sum by the all-reduced token count), so
-    one device and N replicas train alike. On TensorFlow the mean and its
-    gradient come out of one XLA-compiled pass over the logits; the backward
-    pass only scales that gradient (`call()`, the per-token losses, is
-    differentiated the usual way).
+    one device and N replicas train alike. On TensorFlow, when a gradient
+    tape records where the loss is called (eagerly, or while a function is
+    traced, as `fit`'s step is), the mean and its gradient come out of one
+    XLA-compiled pass over the logits, and the backward pass only scales that
+    gradient. Otherwise (`evaluate`'s step; a function traced without a tape
+    and differentiated later) the per-token losses of `call()` are summed and
+    differentiated the usual way, a second pass over the logits.
 
     Args:
         label_smoothing: epsilon_ls; 0.1 in the paper.

@@ -188,25 +188,38 @@ def test_xla_compiled_loss_equals_the_generic_one(epsilon):
     np.testing.assert_allclose(tf.cast(gradient, tf.float32).numpy(), results[1][1], atol=2e-2)
 
 
-def _loss_and_gradient(loss, labels, logits, sample_weight=None, upstream=1.0):
-    with tf.GradientTape() as tape:
-        tape.watch(logits)
-        value = loss(labels, logits, sample_weight=sample_weight)
-        scaled = value * upstream
-    return value, tape.gradient(scaled, logits)
+def _loss_and_gradient(loss, labels, logits, sample_weight=None, upstream=1.0, mode="eager"):
+    """The loss and the gradient of `upstream` x loss, with the tape inside the function (as in fit's step)."""
+
+    def run(logits):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            value = loss(labels, logits, sample_weight=sample_weight)
+            scaled = value * upstream
+        return value, tape.gradient(scaled, logits)
+
+    if mode == "eager":
+        return run(logits)
+    return tf.function(run, jit_compile=mode == "xla")(logits)
 
 
+MODES = ["eager", "graph", "xla"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("upstream", [1.0, 3.0], ids=["upstream 1", "upstream 3"])
 @pytest.mark.parametrize("with_sample_weight", [False, True], ids=["", "sample weights"])
-def test_loss_with_its_gradient_from_the_forward_pass_equals_the_per_token_formula(upstream, with_sample_weight):
+def test_loss_with_its_gradient_from_the_forward_pass_equals_the_per_token_formula(upstream, with_sample_weight,
+                                                                                   mode):
     """The TF path (value and gradient in one XLA pass, the gradient scaled by the upstream one, or not when
-    it is 1) against the mean of the per-token losses of `call()` differentiated by autodiff."""
+    it is 1; eagerly, in a graph and inside an XLA-compiled step) against the mean of the per-token losses
+    of `call()` differentiated by autodiff."""
     rng = np.random.default_rng(3)
     logits = tf.constant(rng.normal(size=(2, 4, 9)).astype("float32") * 3)
     labels = tf.constant([[1, 8, 0, 0], [2, 2, 5, 3]])
     sample_weight = tf.constant([[1.0, 0.5, 1.0, 1.0], [2.0, 0.0, 1.0, 1.0]]) if with_sample_weight else None
     loss = LabelSmoothedCrossEntropy(0.1)
-    value, gradient = _loss_and_gradient(loss, labels, logits, sample_weight, upstream)
+    value, gradient = _loss_and_gradient(loss, labels, logits, sample_weight, upstream, mode)
     weights = tf.cast(labels != 0, tf.float32) * (1.0 if sample_weight is None else sample_weight)
     with tf.GradientTape() as tape:
         tape.watch(logits)
@@ -216,8 +229,27 @@ def test_loss_with_its_gradient_from_the_forward_pass_equals_the_per_token_formu
     np.testing.assert_allclose(gradient.numpy(), tape.gradient(scaled, logits).numpy(), atol=1e-7)
 
 
+def test_fit_computes_the_loss_gradient_ahead_and_evaluate_does_not(monkeypatch):
+    from keras_transformer import losses
+
+    calls = []
+    one_pass = losses._weighted_loss_tf
+    monkeypatch.setattr(losses, "_weighted_loss_tf", lambda *args: calls.append(1) or one_pass(*args))
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(7, 7)])  # ids -> logits
+    model.compile(optimizer="sgd", loss=LabelSmoothedCrossEntropy(0.1))
+    ids = np.array([[1, 6, 0], [2, 2, 5]])
+    labels = np.array([[3, 1, 0], [5, 6, 2]])
+    model.evaluate(ids, labels, verbose=0)
+    assert calls == []
+    before = model.get_weights()[0].copy()
+    model.fit(ids, labels, epochs=1, verbose=0)
+    assert calls == [1]  # traced once, under fit's tape
+    assert not np.allclose(model.get_weights()[0], before)
+
+
 def test_loss_computes_its_gradient_ahead_only_under_a_tape(monkeypatch):
-    """fit's step (traced under a tape) takes the one-pass value-and-gradient path; evaluate's step does
+    """A function traced under a tape takes the one-pass value-and-gradient path; one traced without does
     not, and gets the same value."""
     from keras_transformer import losses
 
@@ -261,17 +293,26 @@ def test_loss_gradient_in_low_precision():
     assert tiny.mean() > 0.1 and np.mean(half[tiny] != 0) > 0.5
 
 
-def test_loss_ignores_non_finite_logits_at_padding():
+def test_loss_and_its_gradient_ignore_non_finite_logits_at_padding():
     logits = np.random.default_rng(5).normal(size=(1, 3, 6)).astype("float32")
     logits[0, 2] = np.inf
     expected = numpy_smoothed_loss(logits[:, :2], np.array([[1, 4]]), 0.1)
     loss = LabelSmoothedCrossEntropy(0.1)
     logits = tf.constant(logits)
+    labels = np.array([[1, 4, 0]])
     with tf.GradientTape() as tape:  # the one-pass path with its gradient
         tape.watch(logits)
-        with_gradient = loss(np.array([[1, 4, 0]]), logits)
+        with_gradient = loss(labels, logits)
+    gradient = tape.gradient(with_gradient, logits).numpy()
     assert float(with_gradient) == pytest.approx(expected, rel=1e-5)
-    assert float(loss(np.array([[1, 4, 0]]), logits)) == pytest.approx(expected, rel=1e-5)
+    assert np.all(gradient[0, 2] == 0) and np.all(np.isfinite(gradient))
+    # The value-only path, differentiated by autodiff (a function traced without a tape).
+    value_only = tf.function(lambda logits: loss(labels, logits)).get_concrete_function(logits)
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        value = value_only(logits)
+    assert float(value) == pytest.approx(expected, rel=1e-5)
+    np.testing.assert_allclose(tape.gradient(value, logits).numpy(), gradient, atol=1e-7)
 
 
 def test_masked_accuracy_counts_only_real_tokens():
