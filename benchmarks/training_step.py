@@ -48,14 +48,14 @@ BASELINE = "ours"
 @contextlib.contextmanager
 def per_token_loss():
     """While a step is traced: the loss sums `call()`'s per-token losses, differentiated by autodiff."""
-    from keras_transformer import losses
+    from keras_transformer import compat
 
-    saved = losses._gradient_may_be_recorded
-    losses._gradient_may_be_recorded = lambda: False
+    saved = compat.gradient_may_be_recorded
+    compat.gradient_may_be_recorded = lambda: False
     try:
         yield
     finally:
-        losses._gradient_may_be_recorded = saved
+        compat.gradient_may_be_recorded = saved
 
 
 @contextlib.contextmanager

@@ -22,7 +22,19 @@ import functools
 import keras
 from keras import ops
 
+from keras_transformer import compat
 from keras_transformer.special_ids import PAD_ID
+
+
+def _token_losses(z, log_normalizer, labels, epsilon):
+    """`logsumexp(z) - (1 - epsilon) z_y - (epsilon / V) sum_k z_k` per token, from float32 `z [..., V]`."""
+    target_logit = ops.squeeze(ops.take_along_axis(z, labels[..., None], axis=-1), axis=-1)
+    return log_normalizer - (1.0 - epsilon) * target_logit - epsilon * ops.mean(z, axis=-1)
+
+
+def _smoothed_target(labels, vocab_size, epsilon):
+    """q of each token, `[..., V]` float32: `(1 - epsilon) [k = y] + epsilon / V`."""
+    return (1.0 - epsilon) * ops.one_hot(labels, vocab_size, dtype="float32") + epsilon / vocab_size
 
 
 def _smoothed_token_loss(logits, labels, epsilon):
@@ -34,23 +46,20 @@ def _smoothed_token_loss(logits, labels, epsilon):
 
 def _smoothed_token_loss_generic(logits, labels, epsilon):
     """`keras.ops` version, any backend: float32 loss, closed-form gradient `softmax(z) - q`."""
-    vocab_size = logits.shape[-1]
 
     @ops.custom_gradient
     def loss_fn(z):
         log_normalizer = ops.logsumexp(z, axis=-1)
-        target_logit = ops.squeeze(ops.take_along_axis(z, labels[..., None], axis=-1), axis=-1)
-        loss = log_normalizer - (1.0 - epsilon) * target_logit - epsilon * ops.mean(z, axis=-1)
 
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            target = (1.0 - epsilon) * ops.one_hot(labels, vocab_size, dtype=z.dtype) + epsilon / vocab_size
+            target = _smoothed_target(labels, z.shape[-1], epsilon)
             upstream = upstream[..., None]
             # `where`: no gradient to tokens with none coming (padding), even from non-finite logits.
             return ops.where(upstream != 0, upstream * (ops.exp(z - log_normalizer[..., None]) - target), 0.0)
 
-        return loss, grad
+        return _token_losses(z, log_normalizer, labels, epsilon), grad
 
     return loss_fn(ops.cast(logits, "float32"))  # the gradient flows back through the cast
 
@@ -84,12 +93,6 @@ def _sum_over_replicas(value):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
-def _gradient_may_be_recorded():
-    from keras_transformer import compat
-
-    return compat.gradient_may_be_recorded()
-
-
 @functools.cache
 def _xla_compiled_loss():
     import tensorflow as tf
@@ -104,12 +107,11 @@ def _weighted_loss_and_gradient(logits, labels, weights, epsilon, gradient_dtype
     gradient reuses it there instead of reading the logits again later.
     """
     z = ops.cast(logits, "float32")
-    shifted = ops.exp(z - ops.max(z, axis=-1, keepdims=True))
+    largest = ops.max(z, axis=-1, keepdims=True)
+    shifted = ops.exp(z - largest)
     total = ops.sum(shifted, axis=-1, keepdims=True)
-    log_normalizer = ops.squeeze(ops.log(total), -1) + ops.max(z, axis=-1)
-    target_logit = ops.squeeze(ops.take_along_axis(z, labels[..., None], axis=-1), axis=-1)
-    token_losses = log_normalizer - (1.0 - epsilon) * target_logit - epsilon * ops.mean(z, axis=-1)
-    target = (1.0 - epsilon) * ops.one_hot(labels, z.shape[-1], dtype="float32") + epsilon / z.shape[-1]
+    token_losses = _token_losses(z, ops.squeeze(ops.log(total) + largest, -1), labels, epsilon)
+    target = _smoothed_target(labels, z.shape[-1], epsilon)
     # `where`: a padded position's loss and gradient are 0 even when its logits are not finite.
     counted = weights != 0
     gradient = ops.where(counted[..., None], weights[..., None] * (shifted / total - target), 0.0)
@@ -211,7 +213,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         # Keras sums the replicas' gradients: dividing each replica's sum by the
         # global count makes that sum the gradient of the global mean.
         weights = weights / ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
-        if keras.backend.backend() == "tensorflow" and _gradient_may_be_recorded():
+        if keras.backend.backend() == "tensorflow" and compat.gradient_may_be_recorded():
             return _weighted_loss_tf(y_pred, labels, weights, self.label_smoothing)
         # Evaluation: no gradient to compute ahead (and this is differentiable all the same).
         return ops.sum(self.call(labels, y_pred) * weights)
