@@ -73,6 +73,9 @@ TRIALS = {
     # The demo's recipe averaging its last 20 checkpoints (every 50 steps: the last ~950 steps) instead of 10;
     # the scores also give the averages of the last 5, 10 and 15 of the same run.
     "small_drop0.1_average20": dict(RECIPE, dropout=0.1, average_last=20),
+    # The demo's recipe and code with another seed (initial weights, dropout masks, data order): how far apart
+    # two runs of one recipe land, to read the differences between trials by.
+    "small_drop0.1_average10_seed1": dict(RECIPE, dropout=0.1, average_last=10, seed=1),
 }
 # What every trial also does: keep 10 checkpoints (to compare averaging 5 and 10) and the best-BLEU one.
 TRIAL_FLAGS = ["--eval-split", "val", "--no-export", "--keep-checkpoints", "10", "--validate-bleu-every", "500",
