@@ -77,7 +77,8 @@ TRIALS = {
     # two runs of one recipe land, to read the differences between trials by.
     "small_drop0.1_average10_seed1": dict(RECIPE, dropout=0.1, average_last=10, seed=1),
 }
-# What every trial also does: keep 10 checkpoints (to compare averaging 5 and 10) and the best-BLEU one.
+# What every trial also does: keep at least 10 checkpoints (to compare averaging 5, 10 and, where a trial keeps
+# more, 15 and 20) and the best-BLEU one.
 TRIAL_FLAGS = ["--eval-split", "val", "--no-export", "--keep-checkpoints", "10", "--validate-bleu-every", "500",
                "--keep-best"]
 # Decoding choices tried on each trial's final model (§6.1: beam 4, alpha 0.6).
