@@ -1,0 +1,52 @@
+"""`benchmarks/recipe_trials.py`: each trial is a valid demo command; the lower-cased trial's data and scoring."""
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import recipe_trials  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def demo_parser():
+    spec = importlib.util.spec_from_file_location("train_multi30k_for_tests", ROOT / "examples" / "train_multi30k.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_parser()
+
+
+@pytest.mark.parametrize("name", sorted(recipe_trials.TRIALS))
+def test_trial_command_is_a_demo_command(demo_parser, name):
+    script, *argv = recipe_trials.trial_command(name)
+    assert script == "examples/train_multi30k.py"
+    args = demo_parser.parse_args(argv)  # an option the demo does not have exits here
+    recipe = recipe_trials.TRIALS[name]
+    assert args.config_dropout == recipe["dropout"] and args.average_last == recipe["average_last"]
+    assert args.eval_split == "val"  # trials never decode test2016
+    if recipe.get("lowercase"):
+        data_dir = pathlib.Path(recipe_trials.LOWERCASED_DIR).relative_to(ROOT)
+        assert args.data == f"files:{data_dir}/{{split}}.{{src}},{data_dir}/{{split}}.{{tgt}}"
+    else:
+        assert args.data == "multi30k"
+
+
+def test_lowercased_multi30k_is_the_shipped_data_lower_cased(tmp_path, monkeypatch):
+    from keras_transformer.data.corpora import read_lines
+    from keras_transformer.data.spec import DataSpec
+
+    monkeypatch.setattr(recipe_trials, "LOWERCASED_DIR", str(tmp_path))
+    recipe_trials.lowercased_multi30k()
+    for split in ("train", "val", "test2016"):
+        for lang in ("en", "de"):
+            written = (tmp_path / f"{split}.{lang}").read_text(encoding="utf-8").split("\n")
+            assert written[-1] == ""
+            assert written[:-1] == [line.lower() for line in read_lines(split, lang)]
+    # What the trial's --data names: the split and language placeholders lead to these files.
+    spec = DataSpec.parse(f"files:{tmp_path}/{{split}}.{{src}},{tmp_path}/{{split}}.{{tgt}}")
+    assert [path.format(split="val", src="en", tgt="de") for path in spec.paths] == [
+        str(tmp_path / "val.en"), str(tmp_path / "val.de")]
