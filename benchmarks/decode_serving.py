@@ -14,7 +14,7 @@ package) translated by the trained demo model (`RUN_DIR`, default
   reference, its int8 weights (CTranslate2 has no bfloat16 on CPU).
 
 Each system first gets its best setting on this machine: every candidate
-(request size x requests in flight for ours; max_batch_size x
+(request size x requests in flight x TensorFlow's thread pools for ours; max_batch_size x
 inter_threads/intra_threads for CTranslate2) is started, warmed up and timed
 once, and the fastest is kept. Then the kept systems' timed passes alternate
 for `--repeats` rounds (medians reported); a row's `setup_rss_mb` and
@@ -51,7 +51,11 @@ common.quiet_tensorflow()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serving_worker.py")
 BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
-OURS_CANDIDATES = [(64, 2), (250, 2), (500, 2), (1000, 1)]  # (sentences per request, requests in flight)
+# (sentences per request, requests in flight, intra-op threads, inter-op threads); None: TensorFlow's pools
+# (a thread per core in each). One intra-op thread per request in flight runs each request on a core of its own,
+# as CTranslate2's inter_threads do (TF Serving: --tensorflow_intra_op_parallelism / _inter_op_parallelism).
+OURS_CANDIDATES = [(64, 2, None, None), (250, 2, None, None), (500, 2, None, None), (1000, 1, None, None),
+                   (250, 2, 1, 2), (500, 2, 1, 2), (250, 4, 1, 4)]
 # (max_batch_size, inter_threads, intra_threads)
 CT2_CANDIDATES = [(8, 2, 1), (16, 2, 1), (32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]
 
@@ -112,6 +116,12 @@ def prepare_models(run_dir, work_dir):
     return paths
 
 
+def _ours_label(candidate):
+    request_size, concurrency, intra, inter = candidate
+    threads = f", {intra} intra-op x {inter} inter-op threads" if intra is not None else ""
+    return f"{request_size} per request, {concurrency} in flight{threads}"
+
+
 def systems_to_time(paths, sentences_file, only):
     """The systems in their best settings: `[(name, worker args, tuning)]`."""
     chosen = []
@@ -119,11 +129,11 @@ def systems_to_time(paths, sentences_file, only):
         name = f"ours {precision}"
         if only and only not in name:
             continue
-        args = lambda c, p=precision: ["savedmodel", paths[p], *c]  # noqa: E731
+        args = lambda c, p=precision: ["savedmodel", paths[p], *(v for v in c if v is not None)]  # noqa: E731
         best, tried = best_setting(name, OURS_CANDIDATES, args, sentences_file)
-        chosen.append((name, args(best), dict(setting=dict(request_size=best[0], concurrency=best[1]),
-                                               tuning={f"{r} per request, {c} in flight": s
-                                                       for (r, c), s in tried.items()})))
+        setting = dict(request_size=best[0], concurrency=best[1], intra_op_threads=best[2] or "default",
+                       inter_op_threads=best[3] or "default")
+        chosen.append((name, args(best), dict(setting=setting, tuning={_ours_label(c): s for c, s in tried.items()})))
     for compute_type in ("float32", "int8"):
         name = f"ctranslate2 {compute_type}"
         if only and only not in name:
