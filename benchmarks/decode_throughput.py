@@ -24,6 +24,9 @@ Systems:
   caches, one token per step; in a `tf.function`, without and with XLA.
   BeamSampler has no length penalty and no minimum length; with no stop
   token it runs exactly 20 steps.
+  `--tf-threads 1,2` gives TensorFlow one thread per op and two ops at
+  a time, for every TensorFlow row: each of the x2 rows' batches then has a
+  core, as each of CTranslate2's `inter_threads` has.
 * CTranslate2: OUR weights converted with
   `keras_transformer.inference.ctranslate2.export_ctranslate2` (float32, and
   int8 weights), `Translator(device="cpu", intra_threads=2)`,
@@ -323,6 +326,19 @@ def ctranslate2_system(args, models, sentences, quantization, name, baseline, wo
 # Main --------------------------------------------------------------------------------
 
 
+def _parse_tf_threads(parser, value):
+    """`"INTRA,INTER"` -> `(intra, inter)`, both positive; None for TensorFlow's own pools."""
+    if value is None:
+        return None
+    try:
+        intra, inter = (int(part) for part in value.split(","))
+    except ValueError:
+        intra = inter = 0
+    if intra < 1 or inter < 1:
+        parser.error(f"--tf-threads takes two positive integers INTRA,INTER, e.g. 1,2; got {value!r}")
+    return intra, inter
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -336,12 +352,22 @@ def main(argv=None):
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds; medians over them")
     parser.add_argument("--threads", type=int, default=2, help="CTranslate2 intra_threads")
+    parser.add_argument("--tf-threads", default=None, metavar="INTRA,INTER",
+                        help="TensorFlow's intra-op and inter-op thread pools for every TensorFlow system, e.g. 1,2: "
+                             "one thread per op and two ops at a time, so each of the x2 rows' batches has a core "
+                             "(TF Serving's --tensorflow_intra_op_parallelism / _inter_op_parallelism; default: "
+                             "TensorFlow's, a thread per core in each)")
     parser.add_argument("--only", default=None, help="comma-separated name prefixes, e.g. 'ours' or 'ours,ctranslate2'")
     parser.add_argument("--json", default=None, help="write results to this JSON file")
     parser.add_argument("--plot", default=None, help="write a bar chart PNG (matplotlib)")
     args = parser.parse_args(argv)
+    threads = _parse_tf_threads(parser, args.tf_threads)
 
     import tensorflow as tf
+
+    if threads:  # before any op runs: TensorFlow makes its pools once
+        tf.config.threading.set_intra_op_parallelism_threads(threads[0])
+        tf.config.threading.set_inter_op_parallelism_threads(threads[1])
 
     # Eager greedy_search calls in the conversion check build new tf.functions: no retracing warnings.
     tf.get_logger().setLevel("ERROR")
@@ -392,7 +418,8 @@ def main(argv=None):
           "random weights\n")
     print(f"{args.sentences} sentences of {args.min_source_length}-{args.max_source_length} source tokens, "
           f"sorted by length, batch {args.batch_size}, beam {args.beam_size}, exactly {args.output_length} "
-          f"generated tokens each; {args.repeats} alternating rounds, median shown.\n")
+          f"generated tokens each; {args.repeats} alternating rounds, median shown; TensorFlow's thread pools: "
+          f"{'%d intra-op x %d inter-op threads' % threads if threads else 'its defaults'}.\n")
     print(common.markdown_table(headers, rows))
     checks = [f"{r.name}: {r.info['greedy_outputs_equal_to_ours']}" for r in results
               if "greedy_outputs_equal_to_ours" in r.info]
