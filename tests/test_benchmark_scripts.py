@@ -1,5 +1,10 @@
-"""`benchmarks/recipe_trials.py`: each trial is a valid demo command; the lower-cased trial's data and scoring."""
+"""Benchmark scripts' own logic (not their timings).
 
+- `recipe_trials.py`: each trial is a valid demo command; the lower-cased trial's data.
+- `decode_throughput.py --tf-threads`: two positive integers, or a clear error.
+"""
+
+import argparse
 import importlib.util
 import pathlib
 import sys
@@ -9,6 +14,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import decode_throughput  # noqa: E402
 import recipe_trials  # noqa: E402
 
 
@@ -50,3 +56,12 @@ def test_lowercased_multi30k_is_the_shipped_data_lower_cased(tmp_path, monkeypat
     spec = DataSpec.parse(f"files:{tmp_path}/{{split}}.{{src}},{tmp_path}/{{split}}.{{tgt}}")
     assert [path.format(split="val", src="en", tgt="de") for path in spec.paths] == [
         str(tmp_path / "val.en"), str(tmp_path / "val.de")]
+
+
+def test_tf_threads_option():
+    parser = argparse.ArgumentParser()
+    assert decode_throughput._parse_tf_threads(parser, None) is None
+    assert decode_throughput._parse_tf_threads(parser, "1,2") == (1, 2)
+    for bad in ("1", "0,2", "1,x", "1,2,3", ""):
+        with pytest.raises(SystemExit):
+            decode_throughput._parse_tf_threads(parser, bad)
