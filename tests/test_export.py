@@ -504,8 +504,16 @@ def test_serving_client(exported, translator):
         stdout = io.StringIO()
         with contextlib.redirect_stdout(stdout):
             assert client.main(["--port", str(port), "--model", "tiny", "--batch-size", "2"] + sentences) == 0
+        in_flight = io.StringIO()  # three requests, two at a time: the output keeps the input's order
+        with contextlib.redirect_stdout(in_flight):
+            assert client.main(["--port", str(port), "--model", "tiny", "--batch-size", "2", "--in-flight", "2"]
+                               + sentences) == 0
     finally:
         server.stop(None)
     assert translations == expected
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
     assert stdout.getvalue().split("\n")[:-1] == [t.replace("\n", " ") for t in expected]
+    assert in_flight.getvalue() == stdout.getvalue()
+    for bad in (["--batch-size", "0"], ["--batch-size", "1025"], ["--in-flight", "0"]):
+        with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            client.main(bad + sentences)
