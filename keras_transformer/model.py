@@ -180,11 +180,15 @@ class Transformer(keras.Model):
         grows with each `decode_step` (what graph-mode beam search uses).
         The decoder's self- and cross-attention caches (`Decoder.init_cache`,
         with a batch axis) and `"shared"`, what every sentence uses alike (no
-        batch axis): `{"output_kernel": ...}`, the pre-softmax matrix
-        transposed once for the whole search (`SharedEmbedding.project`).
+        batch axis), computed once for the whole search: `"output_kernel"`,
+        the pre-softmax matrix transposed (`SharedEmbedding.project`), and
+        `"decoder_projections"`, the attentions' input projections
+        (`Decoder.input_projections`: W^Q scaled, W^Q W^K W^V fused). A
+        while loop would recompute both at every step.
         """
         cache = self.decoder.init_cache(memory, max_length)
-        cache["shared"] = {"output_kernel": self.output_projection.transposed_kernel()}
+        cache["shared"] = {"output_kernel": self.output_projection.transposed_kernel(),
+                           "decoder_projections": self.decoder.input_projections()}
         return cache
 
     def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,

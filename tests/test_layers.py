@@ -380,3 +380,29 @@ def test_config_round_trip(layer):
     assert clone.get_config() == config
     restored = keras.layers.deserialize(keras.layers.serialize(layer))
     assert type(restored) is type(layer)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_input_projection_computed_beforehand_gives_the_same_output(dtype, use_bias):
+    """`input_projection()` built outside `call` (as decoding does, once per search) is what `call` builds itself:
+    in the compute dtype, W^Q scaled by 1/sqrt(d_k), and the same outputs for self- and cross-attention."""
+    rng = np.random.default_rng(5)
+    query = rng.normal(size=(2, 3, 16)).astype("float32")
+    memory = rng.normal(size=(2, 5, 16)).astype("float32")
+    for self_attention in (True, False):
+        layer = MultiHeadAttention(num_heads=2, key_dim=6, use_bias=use_bias, bias_initializer="random_normal",
+                                   dtype=dtype)
+        key_value = None if self_attention else memory
+        expected = layer(query, key_value)
+        projection = layer.input_projection(self_attention=self_attention)
+        assert all(t is None or keras.backend.standardize_dtype(t.dtype) == layer.compute_dtype
+                   for t in projection.values())
+        assert (projection["bias"] is not None) == use_bias
+        width = 2 * 6 * (3 if self_attention else 1)
+        assert tuple(projection["kernel"].shape) == (16, width)
+        scaled_query = np.asarray(ops.cast(layer.query_kernel, "float32")) / math.sqrt(6)
+        np.testing.assert_allclose(np.asarray(ops.cast(projection["kernel"][:, :12], "float32")), scaled_query,
+                                   rtol=1e-2 if dtype != "float32" else 1e-6)
+        np.testing.assert_array_equal(np.asarray(ops.cast(layer(query, key_value, projection=projection), "float32")),
+                                      np.asarray(ops.cast(expected, "float32")))

@@ -106,6 +106,9 @@ class MultiHeadAttention(keras.layers.Layer):
             would clamp the write to the cache's end and cannot raise).
         return_attention_scores: also return the weights `[B, N, T, S]`.
         training: enables dropout.
+        projection: `input_projection()` (with `self_attention` matching
+            this call) computed beforehand, e.g. once per decoding search;
+            default: built in this call.
 
     Returns:
         `output` `[B, T, output_dim]`; `(output, weights)` with
@@ -196,25 +199,39 @@ class MultiHeadAttention(keras.layers.Layer):
         y = ops.reshape(y, (batch, length, self.num_heads, head_dim))
         return ops.transpose(y, (0, 2, 1, 3))
 
-    def _scaled_query_projection(self):
-        """W^Q and b^Q times 1/sqrt(d_k), the scale of equation (1).
+    def input_projection(self, self_attention=True):
+        """The input projection `call` multiplies by, as `{"kernel": ..., "bias": ...}` (bias None without biases).
 
-        Scaling the (small) weights rather than the queries spares a pass over
-        the activations, forward and backward; for d_k = 64 the scale 1/8 is a
-        power of two, so both give the same bits.
+        Self-attention: W^Q (scaled by 1/sqrt(d_k)), W^K and W^V side by side,
+        for one fused matmul; cross-attention: the scaled W^Q (keys and values
+        come from `compute_key_value`). In the compute dtype. `call` builds it
+        at every call unless given one (`projection=`): decoding builds it once
+        per search, since a TensorFlow while loop recomputes at every step
+        what its body computes, loop-invariant or not.
         """
-        scale = 1.0 / math.sqrt(self.key_dim)
-        kernel = self.query_kernel * scale  # read in the compute dtype (autocast), a Python float adapts
-        bias = None if self.query_bias is None else self.query_bias * scale
-        return kernel, bias
+        def read(weight):  # outside `call` Keras does not autocast: cast to the compute dtype here
+            return None if weight is None else ops.cast(weight, self.compute_dtype)
 
-    def _project_qkv(self, x):
-        """Self-attention: one fused matmul for W^Q (scaled), W^K and W^V."""
-        query_kernel, query_bias = self._scaled_query_projection()
-        kernel = ops.concatenate([query_kernel, self.key_kernel, self.value_kernel], axis=-1)
-        qkv = ops.matmul(x, kernel)
+        scale = 1.0 / math.sqrt(self.key_dim)
+        # The 1/sqrt(d_k) of equation (1) scales the (small) weights rather than the queries: that spares a pass
+        # over the activations, forward and backward; for d_k = 64 the scale 1/8 is a power of two, so both give
+        # the same bits.
+        query_kernel = read(self.query_kernel) * scale
+        query_bias = None if self.query_bias is None else read(self.query_bias) * scale
+        if not self_attention:
+            return {"kernel": query_kernel, "bias": query_bias}
+        kernel = ops.concatenate([query_kernel, read(self.key_kernel), read(self.value_kernel)], axis=-1)
+        bias = None
         if self.use_bias:
-            qkv = qkv + ops.concatenate([query_bias, self.key_bias, self.value_bias], axis=-1)
+            bias = ops.concatenate([query_bias, read(self.key_bias), read(self.value_bias)], axis=-1)
+        return {"kernel": kernel, "bias": bias}
+
+    def _project_qkv(self, x, projection=None):
+        """Self-attention: one fused matmul for W^Q (scaled), W^K and W^V."""
+        projection = projection or self.input_projection(self_attention=True)
+        qkv = ops.matmul(x, projection["kernel"])
+        if projection["bias"] is not None:
+            qkv = qkv + projection["bias"]
         nk = self.num_heads * self.key_dim
         # `split` rather than slicing: its gradient is a cheap concat.
         q, k, v = ops.split(qkv, [nk, 2 * nk], axis=-1)
@@ -330,10 +347,11 @@ class MultiHeadAttention(keras.layers.Layer):
         cache_index=None,
         return_attention_scores=False,
         training=None,
+        projection=None,
     ):
         offset, poison = 0, None
         if key_value is None:
-            q, k, v = self._project_qkv(query)
+            q, k, v = self._project_qkv(query, projection)
             if cache is not None:
                 if cache_index is None:
                     raise ValueError(f"{self.name}: a self-attention cache needs `cache_index`.")
@@ -343,7 +361,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 cache = (k, v)
                 offset = cache_index
         else:
-            q = self._project(query, *self._scaled_query_projection(), self.key_dim)
+            projection = projection or self.input_projection(self_attention=False)
+            q = self._project(query, projection["kernel"], projection["bias"], self.key_dim)
             if cache is not None:
                 k, v = cache
             else:

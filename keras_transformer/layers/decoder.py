@@ -35,6 +35,8 @@ class DecoderLayer(TransformerLayer):
         cache_index: position of the first input step in the cache.
         training: enables dropout.
         return_attention_scores: also return the self- and cross-attention weights.
+        projections: `input_projections()` computed beforehand (e.g. once
+            per decoding search), or None to build them in this call.
 
     Returns:
         `outputs [B, T, d_model]`; then, with `return_attention_scores`,
@@ -64,6 +66,11 @@ class DecoderLayer(TransformerLayer):
         self.feed_forward_connection.build(inputs_shape)
         self.built = True
 
+    def input_projections(self):
+        """Both attentions' input projections (`MultiHeadAttention.input_projection`): `{"self": ..., "cross": ...}`."""
+        return {"self": self.self_attention.input_projection(self_attention=True),
+                "cross": self.cross_attention.input_projection(self_attention=False)}
+
     def call(
         self,
         inputs,
@@ -76,7 +83,9 @@ class DecoderLayer(TransformerLayer):
         cache_index=None,
         training=None,
         return_attention_scores=False,
+        projections=None,
     ):
+        projections = projections or {}
         x = inputs
         # 1. Masked multi-head self-attention.
         y = self.self_attention(
@@ -87,6 +96,7 @@ class DecoderLayer(TransformerLayer):
             cache_index=cache_index,
             return_attention_scores=return_attention_scores,
             training=training,
+            projection=projections.get("self"),
         )
         y, self_weights, self_attention_cache = self._unpack(y, return_attention_scores, self_attention_cache)
         x = self.self_attention_connection(x, y, training=training)
@@ -99,6 +109,7 @@ class DecoderLayer(TransformerLayer):
             cache=cross_attention_cache,
             return_attention_scores=return_attention_scores,
             training=training,
+            projection=projections.get("cross"),
         )
         y, cross_weights, _ = self._unpack(y, return_attention_scores, cross_attention_cache)
         x = self.cross_attention_connection(x, y, training=training)
@@ -141,7 +152,10 @@ class Decoder(TransformerStack):
     preallocated self-attention slots (outside XLA, `max_length=0` gives
     empty ones that grow by T per call) and the encoder output projected once.
     `call(..., cache=cache, cache_index=i)` then decodes steps
-    `i .. i + T - 1` and returns `(outputs, new_cache)`.
+    `i .. i + T - 1` and returns `(outputs, new_cache)`. A cache may also
+    carry `cache["shared"]["decoder_projections"]`, the layers' input
+    projections from `input_projections()`, computed once per search instead
+    of at every step (`Transformer.init_cache` adds them).
 
     Args: `num_layers` (N) and those of `DecoderLayer`.
 
@@ -182,6 +196,10 @@ class Decoder(TransformerStack):
             "cross": [layer.cross_attention.compute_key_value(memory) for layer in self.decoder_layers],
         }
 
+    def input_projections(self):
+        """Each layer's input projections (`DecoderLayer.input_projections`), a list."""
+        return [layer.input_projections() for layer in self.decoder_layers]
+
     def call(
         self,
         inputs,
@@ -215,6 +233,7 @@ class Decoder(TransformerStack):
             memory_mask = ops.cast(memory_padding_mask, "bool")[:, None, :]
 
         x = inputs
+        projections = None if cache is None else cache.get("shared", {}).get("decoder_projections")
         new_self_cache, self_weights, cross_weights = [], [], []
         for i, layer in enumerate(self.decoder_layers):
             out = layer(
@@ -227,6 +246,7 @@ class Decoder(TransformerStack):
                 cache_index=cache_index,
                 training=training,
                 return_attention_scores=return_attention_scores,
+                projections=None if projections is None else projections[i],
             )
             if not isinstance(out, (tuple, list)):
                 x = out
