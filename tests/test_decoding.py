@@ -25,7 +25,7 @@ def tiny_model(vocab_size, d_model=32, seed=0):
         vocab_size=vocab_size, num_layers=2, d_model=d_model, num_heads=4, d_ff=2 * d_model, dropout=0.0
     )
     model = Transformer(config)
-    ids = np.full((1, 3), 5, np.int32)
+    ids = np.full((1, 3), min(5, vocab_size - 1), np.int32)
     model((ids, ids))
     return model
 
@@ -356,6 +356,55 @@ def test_finished_sentences_leave_the_batch():
         alone_ids, alone_scores = beam_search(model, source[None, : (12 if i == 7 else 2)], beam_size=k, alpha=0.6)
         assert unpad(ids[i]) == unpad(alone_ids[0]) == [4] * (11 if i == 7 else 1) + [EOS]
         np.testing.assert_allclose(scores[i], alone_scores[0], atol=2e-6)
+
+
+class FirstStepRowsModel(SourceLengthModel):
+    """Also counts the rows of the decoder call at cache slot 0, the first step (`first_rows`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first_rows = tf.Variable(0)
+
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
+                    self_attention_mask=None):
+        self.first_rows.assign_add(tf.where(tf.equal(cache_index, 0), tf.size(target_ids), 0))
+        return super().decode_step(target_ids, memory, source_ids, cache, cache_index, positions,
+                                   self_attention_mask)
+
+
+def test_first_step_computes_one_hypothesis_per_sentence():
+    """At step 0 the K hypotheses are all the start token: one row per sentence is computed, not K."""
+    model = FirstStepRowsModel()
+    sources = padded([[7, 7, 7]] * 3)
+    k = 4
+    ids, _ = beam_search(model, sources, beam_size=k, alpha=0.6)
+    assert int(model.first_rows.numpy()) == 3  # K times fewer than the other steps'
+    assert int(model.rows.numpy()) % k == 3  # every later step computes K rows per sentence
+    assert [unpad(row) for row in ids.numpy()] == [[4, 4, EOS]] * 3
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["growing_cache", "xla_preallocated_cache"])
+def test_first_step_state_equals_a_full_step_zero(random_model, sources, jit_compile):
+    """The one computed row, copied K times, gives the logits and cache that computing all K would."""
+    from keras_transformer.decoding.steps import make_step_fn
+
+    k, buffer_length = 3, 6
+
+    @tf.function(jit_compile=jit_compile)
+    def both(source_ids):
+        step = make_step_fn(random_model, random_model.encode(source_ids), source_ids, buffer_length, BOS,
+                            use_cache=True, beam_size=k)
+        token_ids = tf.zeros([tf.shape(source_ids)[0], k, buffer_length], tf.int32)
+        return step(tf.constant(0), token_ids, step.initial_state), step.first(token_ids, step.initial_state)
+
+    (full_logits, full_state), (first_logits, first_state) = both(tf.constant(sources))
+    np.testing.assert_allclose(first_logits.numpy(), full_logits.numpy(), rtol=1e-5, atol=1e-5)
+    full_cache, full_ancestry, _ = full_state
+    first_cache, first_ancestry, _ = first_state
+    np.testing.assert_array_equal(first_ancestry.numpy(), full_ancestry.numpy())
+    for first, full in zip(tf.nest.flatten(first_cache), tf.nest.flatten(full_cache)):
+        assert first.shape == full.shape
+        np.testing.assert_allclose(first.numpy(), full.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_finished_sentences_leave_the_batch_in_greedy_search():

@@ -75,17 +75,20 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
     return results["token_ids"], results["scores"]
 
 
-def _search_loop(step, cond, body, rows, results, shrinks):
+def _search_loop(step, cond, body, rows, results, shrinks, first_body=None):
     """Runs `body(i, rows, results, model_state)` while `cond`; returns `results` with every row stored.
 
     `rows` holds one row per sentence still in the batch (its batch axis
     shrinks if `shrinks`: `body` drops finished sentences), `results` one per
-    input sentence.
+    input sentence. `first_body`, if given, runs step 0 (if `cond` holds)
+    before the loop, in place of `body`.
     """
     loop_vars = (tf.constant(0, tf.int32), rows, results, step.initial_state)
     vary_batch = (lambda t: tf.TensorShape([None] + t.shape.as_list()[1:])) if shrinks else (lambda t: t.shape)
     invariants = (tf.TensorShape([]), tf.nest.map_structure(vary_batch, rows),
                   tf.nest.map_structure(lambda t: t.shape, results), step.state_shape_invariants)
+    if first_body is not None:
+        loop_vars = tf.cond(cond(*loop_vars), lambda: first_body(*loop_vars), lambda: loop_vars)
     _, rows, results, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
     if not shrinks:  # every sentence kept its row
         return {name: rows[name] for name in results}
@@ -120,8 +123,8 @@ def beam_search_graph(
     options = dict(k=k, alpha=alpha, min_length=min_length, eos_id=eos_id, early_stopping=early_stopping,
                    return_all=return_all)
 
-    def body(i, beams, results, model_state):
-        beams, model_state = _beam_step(step, i, beams, model_state, **options)
+    def body(i, beams, results, model_state, first=False):
+        beams, model_state = _beam_step(step, i, beams, model_state, first=first, **options)
         if step.can_select:  # a plain graph: finished sentences leave the batch
             beams, results, model_state = _drop_finished(step, beams, results, model_state)
         return i + 1, beams, results, model_state
@@ -129,14 +132,16 @@ def beam_search_graph(
     def cond(i, beams, results, model_state):
         return (i < buffer_length) & tf.logical_not(tf.reduce_all(beams["done"]))
 
+    # Step 0 computes one hypothesis per sentence (`first`), outside the loop.
+    first_body = (lambda *loop_vars: body(*loop_vars, first=True)) if hasattr(step, "first") else None
     # A sentence ends at its length limit at the latest, where the whole new
     # beam finishes: every sentence has finished hypotheses.
-    results = _search_loop(step, cond, body, beams, results, step.can_select)
+    results = _search_loop(step, cond, body, beams, results, step.can_select, first_body)
     return results["finished_ids"], results["finished_scores"]
 
 
-def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_stopping, return_all):
-    """Steps 1-5 of `beam_search` at output position i, for the sentences in `beams`."""
+def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_stopping, return_all, first=False):
+    """Steps 1-5 of `beam_search` at output position i, for the sentences in `beams` (`first`: i is 0)."""
     length = i + 1  # output length after this step
     alive_ids, alive_log_probs, limits = beams["alive_ids"], beams["alive_log_probs"], beams["limits"]
     batch_size = tf.shape(alive_log_probs)[0]
@@ -144,7 +149,7 @@ def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_
     # 1. Extend every alive hypothesis by every token. Only the best 2K
     #    tokens of each can be among the 2K best candidates of its
     #    sentence, so only those are kept.
-    logits, model_state = step(i, alive_ids, model_state)  # [B, K, V]
+    logits, model_state = step.first(alive_ids, model_state) if first else step(i, alive_ids, model_state)  # [B, K, V]
     token_log_probs, tokens = top_allowed_tokens(logits, 2 * k, i, min_length, eos_id)  # [B, K, C]
     candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
     per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller

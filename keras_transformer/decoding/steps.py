@@ -88,6 +88,31 @@ class _CachedStep:
         )  # [B, K, V]
         return logits, (cache["self"], ancestry, sentences)
 
+    def first(self, token_ids, state):
+        """Step 0, like `__call__(0, ...)`, computing one hypothesis per sentence instead of K.
+
+        At step 0 all K hypotheses of a sentence feed the start token at
+        position 0, so their logits and cache rows are equal: one is computed
+        and copied K times (as CTranslate2 expands its beam after the first
+        step). Only beam 0 is alive then (`_initial_beams`), so the other
+        K - 1 rows could not change the result anyway.
+        """
+        self_cache, ancestry, sentences = state
+        k = self.beam_size
+        cache = {"self": self_cache, **{key: value for key, value in sentences.items()
+                                        if key not in ("memory", "source_ids")}, **self.shared}
+        batch = tf.shape(ancestry)[0]
+        start = tf.fill([batch, 1], self.bos_id)  # [B, 1]
+        slots = 1 if self.growing else self.buffer_length * k
+        mask = tf.broadcast_to(tf.equal(tf.range(slots), 0), [batch, 1, slots])  # slot 0 sees itself only
+        logits, cache = self.model.decode_step(start, sentences["memory"], sentences["source_ids"], cache, 0,
+                                               positions=tf.zeros([1], tf.int32), self_attention_mask=mask)
+        # Slots 0..K-1 of step 0 all hold the one computed row (a growing cache has just that slot).
+        copy_row = lambda t: tf.concat([tf.tile(t[:, :, :1], [1, 1, k, 1]), t[:, :, k:]], axis=2)  # noqa: E731
+        self_cache = tf.nest.map_structure(copy_row, cache["self"])
+        ancestry = tf.where(tf.equal(tf.range(self.buffer_length), 0), tf.range(k)[:, None], ancestry)
+        return tf.tile(logits, [1, k, 1]), (self_cache, ancestry, sentences)
+
     @staticmethod
     def reorder(state, parents):
         """New hypothesis k continues `parents [B, K]`: it inherits that one's ancestry, not a cache copy."""
