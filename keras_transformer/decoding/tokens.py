@@ -79,12 +79,12 @@ def _log_normalizer(logits, best_logit, best_id):
 def blocked_top_k(x, k):
     """Exact `tf.math.top_k(x, k)` over the last axis of `x [R, K, V]`, k << V: 3-4x faster on CPU.
 
-    The V entries are cut into blocks of about sqrt(V). Each of the k largest
+    The V entries are cut into blocks of about sqrt(V / k). Each of the k largest
     entries lies in a block whose maximum is at least as large, and at most k
     blocks have such a maximum: the k blocks with the largest maxima hold the
-    top k. So: one max-reduction over the blocks, a top-k over the block
-    maxima, and a top-k over the k chosen blocks (k*sqrt(V) entries) instead of
-    a top-k over V.
+    top k. So: one max-reduction over the blocks, a top-k over the V / block
+    block maxima, and a top-k over the k chosen blocks (k * block entries)
+    instead of a top-k over V; the block size makes the two top-k's equal.
     """
     vocab_size = x.shape[-1]
     block = block_size(vocab_size, k)
@@ -101,10 +101,10 @@ def blocked_top_k(x, k):
 
 
 def block_size(vocab_size, k):
-    """A divisor of V near sqrt(V) leaving more than k blocks, or None (plain top-k)."""
+    """A divisor of V near sqrt(V / k) leaving more than k blocks, or None (plain top-k)."""
     if vocab_size is None or vocab_size < 64 * k:
         return None
-    root = vocab_size**0.5
+    root = (vocab_size / k) ** 0.5
     divisors = [d for d in range(int(root / 2), int(2 * root) + 1) if d > 0 and vocab_size % d == 0]
     divisors = [d for d in divisors if vocab_size // d > k]
     return min(divisors, key=lambda d: abs(d - root)) if divisors else None
