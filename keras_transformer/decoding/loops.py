@@ -133,7 +133,7 @@ def beam_search_graph(
         return (i < buffer_length) & tf.logical_not(tf.reduce_all(beams["done"]))
 
     # Step 0 computes one hypothesis per sentence (`first`), outside the loop.
-    first_body = (lambda *loop_vars: body(*loop_vars, first=True)) if hasattr(step, "first") else None
+    first_body = (lambda *loop_vars: body(*loop_vars, first=True)) if getattr(step, "has_first", False) else None
     # A sentence ends at its length limit at the latest, where the whole new
     # beam finishes: every sentence has finished hypotheses.
     results = _search_loop(step, cond, body, beams, results, step.can_select, first_body)

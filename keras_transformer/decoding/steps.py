@@ -88,6 +88,17 @@ class _CachedStep:
         )  # [B, K, V]
         return logits, (cache["self"], ancestry, sentences)
 
+    @property
+    def has_first(self):
+        """Whether `first` runs step 0: in a plain graph only.
+
+        It runs outside the while loop, and under XLA a decoder call there
+        made the source ids compile-time constants of the computation: XLA
+        compiled it again at every call (2.5 s each on a 2-core CPU). XLA
+        keeps K rows at step 0.
+        """
+        return self.growing
+
     def first(self, token_ids, state):
         """Step 0, like `__call__(0, ...)`, computing one hypothesis per sentence instead of K.
 
@@ -95,7 +106,8 @@ class _CachedStep:
         position 0, so their logits and cache rows are equal: one is computed
         and copied K times (as CTranslate2 expands its beam after the first
         step). Only beam 0 is alive then (`_initial_beams`), so the other
-        K - 1 rows could not change the result anyway.
+        K - 1 rows could not change the result anyway. Needs the growing
+        cache (`has_first`).
         """
         self_cache, ancestry, sentences = state
         k = self.beam_size
@@ -103,13 +115,11 @@ class _CachedStep:
                                         if key not in ("memory", "source_ids")}, **self.shared}
         batch = tf.shape(ancestry)[0]
         start = tf.fill([batch, 1], self.bos_id)  # [B, 1]
-        slots = 1 if self.growing else self.buffer_length * k
-        mask = tf.broadcast_to(tf.equal(tf.range(slots), 0), [batch, 1, slots])  # slot 0 sees itself only
+        mask = tf.ones([batch, 1, 1], tf.bool)  # the one slot, its own
         logits, cache = self.model.decode_step(start, sentences["memory"], sentences["source_ids"], cache, 0,
                                                positions=tf.zeros([1], tf.int32), self_attention_mask=mask)
-        # Slots 0..K-1 of step 0 all hold the one computed row (a growing cache has just that slot).
-        copy_row = lambda t: tf.concat([tf.tile(t[:, :, :1], [1, 1, k, 1]), t[:, :, k:]], axis=2)  # noqa: E731
-        self_cache = tf.nest.map_structure(copy_row, cache["self"])
+        # The K slots of step 0 all hold the one computed row.
+        self_cache = tf.nest.map_structure(lambda t: tf.tile(t, [1, 1, k, 1]), cache["self"])
         ancestry = tf.where(tf.equal(tf.range(self.buffer_length), 0), tf.range(k)[:, None], ancestry)
         return tf.tile(logits, [1, k, 1]), (self_cache, ancestry, sentences)
 
