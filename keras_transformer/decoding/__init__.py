@@ -48,7 +48,9 @@ the hypothesis that was k-th at step i). Under XLA the cache is preallocated
 per step, so a step copies and attends over the slots in use only, not the
 whole buffer. The cache is never reordered when beams change: each
 hypothesis keeps its ancestry (`[B, K, L]`, the slot of each of its earlier
-steps), and a mask lets it see only those slots. `use_cache=False` is the
+steps), and a mask lets it see only those slots. At step 0 the K hypotheses
+of a sentence are all the start token: in a plain graph that step computes
+one row per sentence and copies it K times. `use_cache=False` is the
 slow reference that reruns `model.decode` over the whole prefix at every
 step.
 
