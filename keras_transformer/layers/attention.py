@@ -283,7 +283,12 @@ class MultiHeadAttention(keras.layers.Layer):
         logits = ops.cast(logits, "float32")
         if mask is not None:
             logits = ops.where(mask, logits, _MASK_LOGIT)
-        weights = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
+        if logits.shape[-1] == 1:
+            # One key (a search's first step, in a plain graph): its weight is 1, what the softmax would give;
+            # Keras warns about a softmax over one value.
+            weights = ops.ones_like(logits, dtype=self.compute_dtype)
+        else:
+            weights = ops.cast(ops.softmax(logits, axis=-1), self.compute_dtype)
         context = ops.einsum("bnts,bnsh->btnh", self.dropout_layer(weights, training=training), v)
         return context, weights
 
