@@ -70,23 +70,31 @@ class _CachedStep:
         previous = tf.gather(token_ids, tf.maximum(i - 1, 0), axis=2)  # [B, K]
         previous = tf.where(i > 0, previous, self.bos_id)
         steps = tf.range(self.buffer_length)  # [L]
-        ancestry = tf.where(tf.equal(steps, i), tf.range(k)[:, None], ancestry)  # [B, K, L]
+        ancestry = self._own_slots_at(i, ancestry)
         # The slots of steps 0..i: all L*K of a preallocated cache (later ones masked).
         seen = i + 1 if self.growing else self.buffer_length  # L'
         visible = tf.equal(ancestry[:, :, :seen, None], tf.range(k)) & (steps[:seen] <= i)[:, None]  # [B, K, L', K]
         mask = tf.reshape(visible, [tf.shape(ancestry)[0], k, seen * k])  # [B, K, L'*K]
-        cache = {"self": self_cache, **{key: value for key, value in sentences.items()
-                                        if key not in ("memory", "source_ids")}, **self.shared}
         logits, cache = self.model.decode_step(
             previous,
             sentences["memory"],
             sentences["source_ids"],
-            cache,
+            self._decoder_cache(self_cache, sentences),
             i * k,
             positions=tf.fill([k], i),
             self_attention_mask=mask,
         )  # [B, K, V]
         return logits, (cache["self"], ancestry, sentences)
+
+    def _own_slots_at(self, i, ancestry):
+        """`ancestry [B, K, L]` with step i of hypothesis k in slot k of that step (`i*K + k`)."""
+        at_i = tf.equal(tf.range(self.buffer_length), i)  # [L]
+        return tf.where(at_i, tf.range(self.beam_size)[:, None], ancestry)
+
+    def _decoder_cache(self, self_cache, sentences):
+        """The `model.decode_step` cache: the self-attention slots, each sentence's own and the shared entries."""
+        return {"self": self_cache, **{key: value for key, value in sentences.items()
+                                       if key not in ("memory", "source_ids")}, **self.shared}
 
     @property
     def has_first(self):
@@ -111,17 +119,15 @@ class _CachedStep:
         """
         self_cache, ancestry, sentences = state
         k = self.beam_size
-        cache = {"self": self_cache, **{key: value for key, value in sentences.items()
-                                        if key not in ("memory", "source_ids")}, **self.shared}
         batch = tf.shape(ancestry)[0]
         start = tf.fill([batch, 1], self.bos_id)  # [B, 1]
         mask = tf.ones([batch, 1, 1], tf.bool)  # the one slot, its own
-        logits, cache = self.model.decode_step(start, sentences["memory"], sentences["source_ids"], cache, 0,
+        logits, cache = self.model.decode_step(start, sentences["memory"], sentences["source_ids"],
+                                               self._decoder_cache(self_cache, sentences), 0,
                                                positions=tf.zeros([1], tf.int32), self_attention_mask=mask)
         # The K slots of step 0 all hold the one computed row.
         self_cache = tf.nest.map_structure(lambda t: tf.tile(t, [1, 1, k, 1]), cache["self"])
-        ancestry = tf.where(tf.equal(tf.range(self.buffer_length), 0), tf.range(k)[:, None], ancestry)
-        return tf.tile(logits, [1, k, 1]), (self_cache, ancestry, sentences)
+        return tf.tile(logits, [1, k, 1]), (self_cache, self._own_slots_at(0, ancestry), sentences)
 
     @staticmethod
     def reorder(state, parents):
