@@ -192,7 +192,7 @@ class Transformer(keras.Model):
         return cache
 
     def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
-                    self_attention_mask=None):
+                    self_attention_mask=None, project=True):
         """Decodes the steps `cache_index .. cache_index + T - 1` given the cache of earlier steps.
 
         Args:
@@ -209,6 +209,10 @@ class Transformer(keras.Model):
                 input may attend to (slots: `max_length`, or `cache_index + T`
                 for a growing cache); default the look-ahead mask (§3.2.3)
                 from `cache_index`.
+            project: False returns the decoder output `[B, T, d_model]`
+                instead of the logits; `step_logits(output, new_cache)` then
+                projects it (beam search projects only the hypotheses that
+                can still change its result).
 
         Returns:
             `(logits [B, T, vocab_size], new_cache)`; the logits equal those of
@@ -225,7 +229,11 @@ class Transformer(keras.Model):
             self_attention_mask=self_attention_mask,
             training=False,
         )
-        return self._logits(y, transposed_kernel=cache.get("shared", {}).get("output_kernel")), cache
+        return (self.step_logits(y, cache) if project else y), cache
+
+    def step_logits(self, decoder_output, cache):
+        """Float32 logits `[..., vocab_size]` of `decode_step(..., project=False)`'s output (§3.4's projection)."""
+        return self._logits(decoder_output, transposed_kernel=cache.get("shared", {}).get("output_kernel"))
 
     # Training setup --------------------------------------------------------------------
 

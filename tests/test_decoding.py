@@ -538,3 +538,83 @@ def test_bfloat16_decoding_of_the_copy_model(copy_model):
     bf16_ids, bf16_scores = beam_search(bf16, source)
     assert [unpad(r) for r in bf16_ids.numpy()] == [unpad(r) for r in ids.numpy()]
     np.testing.assert_allclose(bf16_scores.numpy(), scores.numpy(), atol=0.05)
+
+
+class ProjectionCountingModel(ScriptedModel):
+    """A `ScriptedModel` that projects its decoder output on its own (`step_logits`) and counts the rows.
+
+    Its "decoder output" is the logits themselves; `decoded_rows` counts the
+    hypotheses each `decode_step` computes, `projected_rows` those projected.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.decoded_rows = tf.Variable(0)
+        self.projected_rows = tf.Variable(0)
+
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
+                    self_attention_mask=None, project=True):
+        self.decoded_rows.assign_add(tf.size(target_ids))
+        logits, cache = super().decode_step(target_ids, memory, source_ids, cache, cache_index, positions,
+                                            self_attention_mask)
+        return (self.step_logits(logits, cache) if project else logits), cache
+
+    def step_logits(self, decoder_output, cache):
+        self.projected_rows.assign_add(tf.reduce_prod(tf.shape(decoder_output)[:-1]))
+        return decoder_output
+
+
+@pytest.mark.parametrize("return_all", [False, True])
+def test_hypotheses_that_cannot_change_the_result_are_not_projected(return_all):
+    """Alive hypotheses whose bound cannot beat the finished score get no candidates: fewer rows, same results."""
+    model = ProjectionCountingModel()
+    # [eos] finishes at step 0 and [4, 4, 4, 4, eos] wins with alpha 0.6; the other hypotheses (log P about
+    # log 1e-4 per extra token) soon cannot beat them.
+    sources = padded([[7, 7, 7], [7, 7]])
+    options = dict(beam_size=3, alpha=0.6, return_all=return_all)
+    ids, scores = beam_search(model, sources, **options)
+    reference_ids, reference_scores = beam_search(ScriptedModel(), sources, use_cache=False, **options)
+    np.testing.assert_array_equal(ids.numpy(), reference_ids.numpy())
+    np.testing.assert_allclose(scores.numpy(), reference_scores.numpy(), rtol=1e-6)
+    projected, decoded = int(model.projected_rows.numpy()), int(model.decoded_rows.numpy())
+    assert 0 < projected < decoded
+
+
+def test_k_finished_stopping_projects_every_hypothesis():
+    """With "k_finished" a hopeless hypothesis can still end a sentence (its K-th finish): all are projected."""
+    model = ProjectionCountingModel()
+    beam_search(model, padded([[7, 7, 7]]), beam_size=3, alpha=0.6, early_stopping="k_finished")
+    assert int(model.projected_rows.numpy()) == int(model.decoded_rows.numpy()) > 0
+
+
+class RandomTableModel(ProjectionCountingModel):
+    """`ProjectionCountingModel` with a random, peaked table `P(next | previous, step)`, redrawn by `draw(seed)`."""
+
+    vocab_size = 8
+
+    def __init__(self):
+        super().__init__()
+        self.table = tf.Variable(tf.zeros([self.vocab_size, 64, self.vocab_size]))
+
+    def draw(self, seed):
+        rng = np.random.default_rng(seed)
+        probs = rng.dirichlet(np.full(self.vocab_size, 0.3), size=(self.vocab_size, 64)) + 1e-6
+        probs[..., EOS] += 0.15  # sentences end, at various lengths
+        self.probs = probs / probs.sum(-1, keepdims=True)
+        self.table.assign(np.log(self.probs).astype(np.float32))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize("return_all", [False, True])
+def test_leaving_out_hypotheses_never_changes_a_search(return_all, alpha):
+    """On random peaked models, the search that leaves out hopeless hypotheses equals the full reference one."""
+    model = RandomTableModel()
+    sources = padded([[7] * n for n in (1, 2, 4, 8)])  # different length limits, so different bounds
+    options = dict(beam_size=3, alpha=alpha, return_all=return_all)
+    for seed in range(8):
+        model.draw(seed)
+        ids, scores = beam_search(model, sources, **options)
+        reference_ids, reference_scores = beam_search(model, sources, use_cache=False, **options)
+        np.testing.assert_array_equal(ids.numpy(), reference_ids.numpy(), err_msg=f"seed {seed}")
+        np.testing.assert_allclose(scores.numpy(), reference_scores.numpy(), rtol=1e-5, err_msg=f"seed {seed}")
+    assert int(model.projected_rows.numpy()) < int(model.decoded_rows.numpy())  # some were left out

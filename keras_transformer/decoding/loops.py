@@ -149,8 +149,13 @@ def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_
     # 1. Extend every alive hypothesis by every token. Only the best 2K
     #    tokens of each can be among the 2K best candidates of its
     #    sentence, so only those are kept.
-    logits, model_state = step.first(alive_ids, model_state) if first else step(i, alive_ids, model_state)  # [B, K, V]
-    token_log_probs, tokens = top_allowed_tokens(logits, 2 * k, i, min_length, eos_id)  # [B, K, C]
+    #    Hypotheses that can no longer change the result get no candidates
+    #    (`_can_change_result`): a plain graph does not project them.
+    rows = None
+    if step.can_select and early_stopping == "exact" and not first:
+        rows = _can_change_result(beams, return_all)
+    token_log_probs, tokens, model_state = step.top_tokens(i, alive_ids, model_state, 2 * k, min_length, eos_id,
+                                                           first=first, rows=rows)  # [B, K, C]
     candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
     per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller
 
@@ -221,6 +226,24 @@ def _store_finished(results, rows, which):
     sentences = tf.gather(rows["sentence"], which)[:, None]  # [W, 1]
     return {name: tf.tensor_scatter_nd_update(tensor, sentences, tf.gather(rows[name], which))
             for name, tensor in results.items()}
+
+
+def _can_change_result(beams, return_all):
+    """`[B, K]`: the alive hypotheses of unfinished sentences whose continuations can still change the result.
+
+    With "exact" stopping, hypothesis k can reach at most the score
+    `alive_log_probs[k] / max_penalty` (`_cannot_improve`). If that is no
+    better than the finished score it would have to beat (the best; with
+    `return_all` the K-th), none of its continuations can enter the result;
+    and since every candidate ranked above a continuation of it has a higher
+    log-probability, it never takes a candidate's place in the new beam
+    either: leaving it without candidates changes no result. The finished
+    scores only rise, so such a hypothesis stays out.
+    """
+    finished = beams["finished_scores"]
+    target = finished[:, -1] if return_all else finished[:, 0]
+    bound = beams["alive_log_probs"] / beams["max_penalty"][:, None]  # [B, K]
+    return (bound > target[:, None]) & tf.logical_not(beams["done"])[:, None]
 
 
 def _cannot_improve(alive_log_probs, finished_scores, max_penalty, early_stopping, return_all):

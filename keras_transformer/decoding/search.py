@@ -167,6 +167,13 @@ def beam_search(
     With `return_all=True` a sentence only stops once no alive hypothesis can
     beat the K-th finished one, so all K returned hypotheses are exact.
 
+    With "exact" stopping, an alive hypothesis whose own bound cannot beat
+    that finished score can no longer change the result: all its
+    continuations score lower, and every candidate they could displace ranks
+    above them. In a plain graph such hypotheses get no candidates, and their
+    decoder output is not projected to the vocabulary: the same results,
+    with less computation.
+
     Args:
         model: a `Transformer` (or any object with `encode`, `decode`,
             `init_cache`, `decode_step`).

@@ -6,6 +6,7 @@ V vocabulary, N heads, H per-head width.
 
 import tensorflow as tf
 
+from keras_transformer.decoding.tokens import top_allowed_tokens, top_allowed_tokens_of_rows
 from keras_transformer.layers.attention import in_place_cache_writes
 
 class _CachedStep:
@@ -63,8 +64,27 @@ class _CachedStep:
                 vary(ancestry, batch_axis),
                 tf.nest.map_structure(lambda t: vary(t, batch_axis), sentences))
 
-    def __call__(self, i, token_ids, state):
-        """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state)."""
+    def top_tokens(self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None):
+        """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i (`first`: via `first`).
+
+        `rows [B, K]`: only those hypotheses need candidates
+        (`top_allowed_tokens_of_rows`); with a model that projects its
+        decoder output on its own (`step_logits`), only they are projected.
+        """
+        projects = rows is not None and hasattr(self.model, "step_logits")
+        output, state = (self.first(token_ids, state, project=not projects) if first
+                         else self(i, token_ids, state, project=not projects))
+        if rows is None:
+            return (*top_allowed_tokens(output, count, i, min_length, eos_id), state)
+        cache = self._decoder_cache(state[0], state[2])
+        to_logits = (lambda hidden: self.model.step_logits(hidden, cache)) if projects else (lambda logits: logits)
+        return (*top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id), state)
+
+    def __call__(self, i, token_ids, state, project=True):
+        """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state).
+
+        `project=False`: the decoder output `[B, K, D]` instead (`model.step_logits` projects it).
+        """
         self_cache, ancestry, sentences = state
         k = self.beam_size
         previous = tf.gather(token_ids, tf.maximum(i - 1, 0), axis=2)  # [B, K]
@@ -83,6 +103,7 @@ class _CachedStep:
             i * k,
             positions=tf.fill([k], i),
             self_attention_mask=mask,
+            **({} if project else {"project": False}),
         )  # [B, K, V]
         return logits, (cache["self"], ancestry, sentences)
 
@@ -107,7 +128,7 @@ class _CachedStep:
         """
         return self.growing
 
-    def first(self, token_ids, state):
+    def first(self, token_ids, state, project=True):
         """Step 0, like `__call__(0, ...)`, computing one hypothesis per sentence instead of K.
 
         At step 0 all K hypotheses of a sentence feed the start token at
@@ -124,7 +145,8 @@ class _CachedStep:
         mask = tf.ones([batch, 1, 1], tf.bool)  # the one slot, its own
         logits, cache = self.model.decode_step(start, sentences["memory"], sentences["source_ids"],
                                                self._decoder_cache(self_cache, sentences), 0,
-                                               positions=tf.zeros([1], tf.int32), self_attention_mask=mask)
+                                               positions=tf.zeros([1], tf.int32), self_attention_mask=mask,
+                                               **({} if project else {"project": False}))
         # The K slots of step 0 all hold the one computed row.
         self_cache = tf.nest.map_structure(lambda t: tf.tile(t, [1, 1, k, 1]), cache["self"])
         return tf.tile(logits, [1, k, 1]), (self_cache, self._own_slots_at(0, ancestry), sentences)
@@ -164,6 +186,13 @@ class _UncachedStep:
         logits = tf.gather(logits, i, axis=1)  # [B*K, V]
         vocab_size = logits.shape[-1] if logits.shape[-1] is not None else tf.shape(logits)[-1]
         return tf.reshape(logits, [batch, k, vocab_size]), state
+
+    def top_tokens(self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None):
+        """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i's logits (`rows`: see `_CachedStep`)."""
+        logits, state = self(i, token_ids, state)
+        if rows is None:
+            return (*top_allowed_tokens(logits, count, i, min_length, eos_id), state)
+        return (*top_allowed_tokens_of_rows(logits, lambda x: x, rows, count, i, min_length, eos_id), state)
 
     @staticmethod
     def reorder(state, parents):
