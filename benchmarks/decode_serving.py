@@ -8,7 +8,10 @@ package) translated by the trained demo model (`RUN_DIR`, default
 * ours: the run exported with `export_saved_model(..., beam_size=4,
   alpha=0.6, dtype=...)`, loaded with only tensorflow and tensorflow_text,
   sentences sent in file order: "ours float32" and "ours bfloat16" (what
-  `--precision auto` exports on a CPU with AVX512_BF16 / AMX-BF16);
+  `--precision auto` exports on a CPU with AVX512_BF16 / AMX-BF16), and
+  "ours bfloat16 k_finished", the same with `early_stopping="k_finished"`
+  (not the default: it shows what the exact stopping rule costs), in
+  "ours bfloat16"'s setting;
 * CTranslate2: the same weights converted with `export_ctranslate2`,
   float32 compute ("ctranslate2 float32", the baseline) and, for
   reference, its int8 weights (CTranslate2 has no bfloat16 on CPU).
@@ -111,6 +114,10 @@ def prepare_models(run_dir, work_dir):
     for precision in ("float32", "bfloat16"):
         paths[precision] = export_saved_model(run_dir, os.path.join(work_dir, precision), version=1,
                                               beam_size=BEAM_SIZE, alpha=ALPHA, dtype=precision)
+    # Not the default: fairseq's stopping rule, to show what the exact one costs.
+    paths["bfloat16 k_finished"] = export_saved_model(run_dir, os.path.join(work_dir, "bfloat16_k_finished"),
+                                                      version=1, beam_size=BEAM_SIZE, alpha=ALPHA,
+                                                      dtype="bfloat16", early_stopping="k_finished")
     model, tokenizer = load_run(run_dir, dtype="float32")
     paths["ctranslate2"] = export_ctranslate2(model, os.path.join(work_dir, "ct2"), tokenizer=tokenizer)
     return paths
@@ -129,11 +136,14 @@ def systems_to_time(paths, sentences_file, only):
         name = f"ours {precision}"
         if only and only not in name:
             continue
-        args = lambda c, p=precision: ["savedmodel", paths[p], *(v for v in c if v is not None)]  # noqa: E731
+        args = lambda c, p=precision: ["savedmodel", paths[p], *(v for v in c if v is not None)]  # noqa: E731,B023
         best, tried = best_setting(name, OURS_CANDIDATES, args, sentences_file)
         setting = dict(request_size=best[0], concurrency=best[1], intra_op_threads=best[2] or "default",
                        inter_op_threads=best[3] or "default")
         chosen.append((name, args(best), dict(setting=setting, tuning={_ours_label(c): s for c, s in tried.items()})))
+        if precision == "bfloat16":  # the same export with k_finished stopping, in the same setting
+            chosen.append((f"{name} k_finished", args(best, "bfloat16 k_finished"),
+                           dict(setting=setting, early_stopping="k_finished")))
     for compute_type in ("float32", "int8"):
         name = f"ctranslate2 {compute_type}"
         if only and only not in name:

@@ -50,7 +50,9 @@ whole buffer. The cache is never reordered when beams change: each
 hypothesis keeps its ancestry (`[B, K, L]`, the slot of each of its earlier
 steps), and a mask lets it see only those slots. At step 0 the K hypotheses
 of a sentence are all the start token: in a plain graph that step computes
-one row per sentence and copies it K times. `use_cache=False` is the
+one row per sentence and copies it K times; with exact stopping, alive
+hypotheses that can no longer change the result are not projected to the
+vocabulary (see `beam_search`). `use_cache=False` is the
 slow reference that reruns `model.decode` over the whole prefix at every
 step.
 
