@@ -618,3 +618,46 @@ def test_leaving_out_hypotheses_never_changes_a_search(return_all, alpha):
         np.testing.assert_array_equal(ids.numpy(), reference_ids.numpy(), err_msg=f"seed {seed}")
         np.testing.assert_allclose(scores.numpy(), reference_scores.numpy(), rtol=1e-5, err_msg=f"seed {seed}")
     assert int(model.projected_rows.numpy()) < int(model.decoded_rows.numpy())  # some were left out
+
+
+class LargestBatchModel(SourceLengthModel):
+    """Also records the largest batch a decoder step computes (`largest_batch`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest_batch = tf.Variable(0)
+
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
+                    self_attention_mask=None):
+        self.largest_batch.assign(tf.maximum(self.largest_batch, tf.shape(target_ids)[0]))
+        return super().decode_step(target_ids, memory, source_ids, cache, cache_index, positions,
+                                   self_attention_mask)
+
+
+def test_a_large_batch_is_searched_as_two_halves():
+    """From TWO_PARTS_MIN_SENTENCES sentences on, two searches of half the batch each; results in input order."""
+    from keras_transformer.decoding.search import TWO_PARTS_MIN_SENTENCES as n
+
+    lengths = np.random.default_rng(3).integers(1, 12, size=n)
+    sources = padded([[7] * length for length in lengths])
+    for count, largest in ((n, n // 2), (n - 1, n - 1)):
+        model = LargestBatchModel()
+        ids, _ = beam_search(model, sources[:count], beam_size=2)
+        assert int(model.largest_batch.numpy()) == largest
+        assert [unpad(row) for row in ids.numpy()] == [[4] * (length - 1) + [EOS] for length in lengths[:count]]
+
+
+def test_two_halves_give_each_sentence_its_own_search(random_model):
+    """A batch searched in two parts gives what small batches (one search each) give, n-best and scores."""
+    from keras_transformer.decoding.search import TWO_PARTS_MIN_SENTENCES as n
+
+    rng = np.random.default_rng(4)
+    sources = padded([rng.integers(4, 12, size=rng.integers(1, 13)) for _ in range(n)])
+    ids, scores = beam_search(random_model, sources, beam_size=2, return_all=True)
+    for start in range(0, n, n // 4):
+        part = sources[start : start + n // 4]
+        part_ids, part_scores = beam_search(random_model, part[:, : part.astype(bool).sum(1).max()],
+                                            beam_size=2, return_all=True)
+        for row, part_row in zip(ids.numpy()[start : start + n // 4], part_ids.numpy()):
+            assert [unpad(h) for h in row] == [unpad(h) for h in part_row]
+        np.testing.assert_allclose(scores.numpy()[start : start + n // 4], part_scores.numpy(), rtol=1e-5, atol=1e-5)
