@@ -57,10 +57,8 @@ BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
 # (sentences per request, requests in flight, intra-op threads, inter-op threads); None: TensorFlow's pools
 # (a thread per core in each). One intra-op thread per request in flight runs each request on a core of its own,
 # as CTranslate2's inter_threads do (TF Serving: --tensorflow_intra_op_parallelism / _inter_op_parallelism).
-# A request of 64 sentences or more runs as two searches side by side (`decoding.search._in_two_parts`): with one
-# intra-op thread and two inter-op threads, one per core.
 OURS_CANDIDATES = [(64, 2, None, None), (250, 2, None, None), (500, 2, None, None), (1000, 1, None, None),
-                   (250, 2, 1, 2), (500, 2, 1, 2), (250, 4, 1, 4), (1000, 1, 1, 2)]
+                   (250, 2, 1, 2), (500, 2, 1, 2), (250, 4, 1, 4)]
 # (max_batch_size, inter_threads, intra_threads)
 CT2_CANDIDATES = [(8, 2, 1), (16, 2, 1), (32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]
 

@@ -10,7 +10,6 @@ import weakref
 
 import tensorflow as tf
 
-from keras_transformer import compat
 from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
@@ -22,9 +21,6 @@ from keras_transformer.decoding.defaults import (
 from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
 from keras_transformer.decoding.tokens import trim_padding
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
-
-# A beam search of at least this many sentences runs as two searches side by side (`_in_two_parts`).
-TWO_PARTS_MIN_SENTENCES = 64
 
 
 def greedy_search(
@@ -213,33 +209,10 @@ def beam_search(
     if tf.executing_eagerly():
         return _eager_call(model, "beam", source_ids, options)
     source_ids = tf.cast(source_ids, tf.int32)
-    token_ids, scores = _in_two_parts(lambda part: beam_search_graph(model, part, **options), source_ids)
+    token_ids, scores = beam_search_graph(model, source_ids, **options)  # [B, K, L], [B, K]
     if not return_all:
         token_ids, scores = token_ids[:, 0], scores[:, 0]  # [B, L], [B]
     return trim_padding(token_ids), scores
-
-
-def _in_two_parts(search, source_ids):
-    """`search(source_ids)` (`[B, ...]` results) run as two searches side by side on large batches.
-
-    In a plain graph, a batch of at least `TWO_PARTS_MIN_SENTENCES` is sorted
-    by source length and dealt alternately into two halves of equal work,
-    searched by two independent while loops that TensorFlow's inter-op
-    threads run at the same time (one per core with one intra-op thread per
-    op); their results are put back in the input order. Each sentence's
-    search is the same either way. Smaller batches, and XLA (static shapes),
-    run one search (the second gets no sentence).
-    """
-    if compat.graph_is_compiled_by_xla():
-        return search(source_ids)
-    batch = tf.shape(source_ids)[0]
-    lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
-    order = tf.argsort(lengths, stable=True)
-    second = tf.equal(tf.range(batch) % 2, 1) & (batch >= TWO_PARTS_MIN_SENTENCES)  # by rank in `order`
-    parts = [tf.boolean_mask(order, tf.logical_not(second)), tf.boolean_mask(order, second)]
-    results = [search(tf.gather(source_ids, part)) for part in parts]
-    back = tf.math.invert_permutation(tf.concat(parts, axis=0))
-    return tuple(tf.gather(tf.concat(pieces, axis=0), back) for pieces in zip(*results))
 
 
 def make_decode_fn(model, method="beam", jit_compile=False, **options):
