@@ -136,7 +136,7 @@ def systems_to_time(paths, sentences_file, only):
         name = f"ours {precision}"
         if only and only not in name:
             continue
-        args = lambda c, p=precision: ["savedmodel", paths[p], *(v for v in c if v is not None)]  # noqa: E731,B023
+        args = lambda c, p=precision: ["savedmodel", paths[p], *(v for v in c if v is not None)]  # noqa: E731
         best, tried = best_setting(name, OURS_CANDIDATES, args, sentences_file)
         setting = dict(request_size=best[0], concurrency=best[1], intra_op_threads=best[2] or "default",
                        inter_op_threads=best[3] or "default")

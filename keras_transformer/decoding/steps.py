@@ -74,11 +74,9 @@ class _CachedStep:
         projects = rows is not None and hasattr(self.model, "step_logits")
         output, state = (self.first(token_ids, state, project=not projects) if first
                          else self(i, token_ids, state, project=not projects))
-        if rows is None:
-            return (*top_allowed_tokens(output, count, i, min_length, eos_id), state)
-        cache = self._decoder_cache(state[0], state[2])
-        to_logits = (lambda hidden: self.model.step_logits(hidden, cache)) if projects else (lambda logits: logits)
-        return (*top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id), state)
+        # `step_logits` reads the output matrix from the shared entries only.
+        to_logits = (lambda hidden: self.model.step_logits(hidden, self.shared)) if projects else None
+        return (*_top_tokens(output, to_logits, rows, count, i, min_length, eos_id), state)
 
     def __call__(self, i, token_ids, state, project=True):
         """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state).
@@ -103,7 +101,7 @@ class _CachedStep:
             i * k,
             positions=tf.fill([k], i),
             self_attention_mask=mask,
-            **({} if project else {"project": False}),
+            **_projection_option(project),
         )  # [B, K, V]
         return logits, (cache["self"], ancestry, sentences)
 
@@ -146,7 +144,7 @@ class _CachedStep:
         logits, cache = self.model.decode_step(start, sentences["memory"], sentences["source_ids"],
                                                self._decoder_cache(self_cache, sentences), 0,
                                                positions=tf.zeros([1], tf.int32), self_attention_mask=mask,
-                                               **({} if project else {"project": False}))
+                                               **_projection_option(project))
         # The K slots of step 0 all hold the one computed row.
         self_cache = tf.nest.map_structure(lambda t: tf.tile(t, [1, 1, k, 1]), cache["self"])
         return tf.tile(logits, [1, k, 1]), (self_cache, self._own_slots_at(0, ancestry), sentences)
@@ -190,13 +188,24 @@ class _UncachedStep:
     def top_tokens(self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None):
         """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i's logits (`rows`: see `_CachedStep`)."""
         logits, state = self(i, token_ids, state)
-        if rows is None:
-            return (*top_allowed_tokens(logits, count, i, min_length, eos_id), state)
-        return (*top_allowed_tokens_of_rows(logits, lambda x: x, rows, count, i, min_length, eos_id), state)
+        return (*_top_tokens(logits, None, rows, count, i, min_length, eos_id), state)
 
     @staticmethod
     def reorder(state, parents):
         return state
+
+
+def _projection_option(project):
+    """`decode_step`'s keyword for `project`: none when projecting, so stand-ins without it still work."""
+    return {} if project else {"project": False}
+
+
+def _top_tokens(output, to_logits, rows, count, i, min_length, eos_id):
+    """`top_allowed_tokens` of a step's logits (`to_logits` None) or decoder output, for `rows` only if given."""
+    if rows is None:
+        return top_allowed_tokens(output, count, i, min_length, eos_id)
+    to_logits = to_logits or (lambda logits: logits)
+    return top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id)
 
 
 def make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=1):
