@@ -174,6 +174,18 @@ def machine_info():
     return info
 
 
+def cpu_vendor():
+    """`/proc/cpuinfo`'s vendor_id (GenuineIntel, AuthenticAMD), or None."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def package_versions(names):
     from importlib import metadata
 

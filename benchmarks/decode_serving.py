@@ -18,7 +18,7 @@ package) translated by the trained demo model (`RUN_DIR`, default
 
 Each system first gets its best setting on this machine: every candidate
 (request size x requests in flight x TensorFlow's thread pools for ours; max_batch_size x
-inter_threads/intra_threads for CTranslate2) is started, warmed up and timed
+inter_threads/intra_threads x GEMM library for CTranslate2, see `ct2_candidates`) is started, warmed up and timed
 once, and the fastest is kept. Then the kept systems' timed passes alternate
 for `--repeats` rounds (medians reported); a row's `setup_rss_mb` and
 `peak_rss_mb` are its worker process's peak resident memory after the
@@ -59,17 +59,28 @@ BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
 # as CTranslate2's inter_threads do (TF Serving: --tensorflow_intra_op_parallelism / _inter_op_parallelism).
 OURS_CANDIDATES = [(64, 2, None, None), (250, 2, None, None), (500, 2, None, None), (1000, 1, None, None),
                    (250, 2, 1, 2), (500, 2, 1, 2), (250, 4, 1, 4)]
-# (max_batch_size, inter_threads, intra_threads)
+# (max_batch_size, inter_threads, intra_threads, GEMM library)
 CT2_CANDIDATES = [(8, 2, 1), (16, 2, 1), (32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]
+
+
+def ct2_candidates(vendor=None):
+    """CTranslate2 uses Intel MKL on Intel CPUs and oneDNN on others, where `CT2_USE_MKL=1` may do better.
+
+    On an AMD EPYC with AVX2 only, its oneDNN int8 matmuls moved log-probabilities by up to 1.0 where MKL's moved
+    them by 0.04 (tests/test_export_ctranslate2.py), so both are tried there and the tuning keeps the faster.
+    """
+    vendor = vendor or common.cpu_vendor()
+    libraries = ["default"] if vendor == "GenuineIntel" else ["default", "mkl"]
+    return [(*candidate, library) for library in libraries for candidate in CT2_CANDIDATES]
 
 
 class Worker:
     """A `serving_worker.py` process, warmed up and waiting for commands."""
 
-    def __init__(self, args, sentences_file):
+    def __init__(self, args, sentences_file, environ=None):
         self.process = subprocess.Popen([sys.executable, WORKER, *map(str, args[:2]), sentences_file,
                                          *map(str, args[2:])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                                        text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(environ or {})))
         self.ready = self._read()
 
     def _read(self):
@@ -148,12 +159,12 @@ def systems_to_time(paths, sentences_file, only):
         name = f"ctranslate2 {compute_type}"
         if only and only not in name:
             continue
-        args = lambda c, t=compute_type: ["ctranslate2", paths["ctranslate2"], *c, t]  # noqa: E731
-        best, tried = best_setting(name, CT2_CANDIDATES, args, sentences_file)
+        args = lambda c, t=compute_type: ["ctranslate2", paths["ctranslate2"], *c[:3], t, c[3]]  # noqa: E731
+        best, tried = best_setting(name, ct2_candidates(), args, sentences_file)
         chosen.append((name, args(best), dict(setting=dict(max_batch_size=best[0], inter_threads=best[1],
-                                                           intra_threads=best[2]),
-                                               tuning={f"max_batch_size {b}, inter {i}, intra {t}": s
-                                                       for (b, i, t), s in tried.items()})))
+                                                           intra_threads=best[2], gemm=best[3]),
+                                               tuning={f"max_batch_size {b}, inter {i}, intra {t}, gemm {g}": s
+                                                       for (b, i, t, g), s in tried.items()})))
     return chosen
 
 

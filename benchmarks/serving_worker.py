@@ -1,7 +1,7 @@
 """One translation engine in its own process, timed on command (`decode_serving.py` drives it).
 
     python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUEST_SIZE CONCURRENCY [INTRA INTER]
-    python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA COMPUTE_TYPE
+    python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA COMPUTE_TYPE [GEMM]
 
 "savedmodel" imports only tensorflow and tensorflow_text, as a model server
 would: it sends the sentences in file order, REQUEST_SIZE per call of the
@@ -12,6 +12,8 @@ default TensorFlow's own (one thread per core in each). "ctranslate2"
 imports only ctranslate2 and sentencepiece and calls `translate_batch` on
 the whole file (it sorts and batches by length itself) with beam 4, length
 penalty 0.6 and at most source + 50 tokens, as the SavedModel decodes.
+GEMM "mkl" makes it use Intel MKL (`CT2_USE_MKL=1`), its default on Intel CPUs
+only; "default" leaves CTranslate2's choice (oneDNN elsewhere).
 
 Protocol (one JSON object per line): it prints {"ready": ...} after a warm-up
 pass; each "run" read on stdin makes one timed pass over all sentences and
@@ -55,7 +57,9 @@ def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra=No
     return translate
 
 
-def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compute_type):
+def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compute_type, gemm="default"):
+    if gemm == "mkl":  # read when the library loads
+        os.environ["CT2_USE_MKL"] = "1"
     import ctranslate2
     import sentencepiece
 

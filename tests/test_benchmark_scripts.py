@@ -2,6 +2,7 @@
 
 - `recipe_trials.py`: each trial is a valid demo command; the lower-cased trial's data.
 - `decode_throughput.py --tf-threads`: two positive integers, or a clear error.
+- `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor.
 """
 
 import argparse
@@ -14,6 +15,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import decode_serving  # noqa: E402
 import decode_throughput  # noqa: E402
 import recipe_trials  # noqa: E402
 
@@ -65,3 +67,11 @@ def test_tf_threads_option():
     for bad in ("1", "0,2", "1,x", "1,2,3", ""):
         with pytest.raises(SystemExit):
             decode_throughput._parse_tf_threads(parser, bad)
+
+
+def test_ctranslate2_also_tries_mkl_on_cpus_where_it_is_not_its_default():
+    intel = decode_serving.ct2_candidates("GenuineIntel")
+    amd = decode_serving.ct2_candidates("AuthenticAMD")
+    assert {candidate[3] for candidate in intel} == {"default"}  # MKL already
+    assert {candidate[3] for candidate in amd} == {"default", "mkl"}
+    assert sorted(amd) == sorted(intel + [(*candidate[:3], "mkl") for candidate in intel])
