@@ -12,16 +12,11 @@ and the pipeline beside them: `datasets`, `data`, `tokenizer`, `training`,
 `export`, `cli`.
 """
 
-# Before anything imports TensorFlow: it reads TF_ENABLE_ONEDNN_OPTS once, on import (see `onednn`).
-from keras_transformer.onednn import enable_onednn_opts
-
-enable_onednn_opts()
-
-from keras_transformer import layers  # noqa: E402
-from keras_transformer.config import PRESETS, TransformerConfig  # noqa: E402
-from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy  # noqa: E402
-from keras_transformer.model import Transformer  # noqa: E402
-from keras_transformer.optimization import FusedAdam, TransformerSchedule, create_optimizer  # noqa: E402
+from keras_transformer import layers
+from keras_transformer.config import PRESETS, TransformerConfig
+from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+from keras_transformer.model import Transformer
+from keras_transformer.optimization import FusedAdam, TransformerSchedule, create_optimizer
 
 __version__ = "0.2.0"
 

@@ -128,14 +128,3 @@ def swap_ema_weights(model):
         training_value = variable.numpy()
         variable.assign(average.numpy())
         average.assign(training_value)
-
-
-def onednn_enabled():
-    """Whether this TensorFlow process runs its oneDNN graph rewrites (`TF_ENABLE_ONEDNN_OPTS`, see `onednn`).
-
-    TensorFlow decides once, on import, from the variable and the CPU; it
-    offers no public way to ask. Benchmarks and tests record the answer.
-    """
-    from tensorflow.python.util import _pywrap_util_port
-
-    return bool(_pywrap_util_port.IsMklEnabled())

@@ -4,23 +4,6 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-
-def _tensorflow_onednn_default(cpuinfo_path="/proc/cpuinfo"):
-    """TensorFlow's own default for its oneDNN rewrites: on with AVX512_VNNI, AVX512_BF16 or AMX."""
-    try:
-        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
-            flags = set(next((line for line in f if line.startswith("flags")), ":").split(":", 1)[1].split())
-    except OSError:
-        flags = set()
-    return "1" if flags & {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"} else "0"
-
-
-# Whichever test module imports TensorFlow first, every test runs with TensorFlow's own default,
-# not with what `import keras_transformer` would pick (keras_transformer.onednn; tests/test_onednn.py
-# checks that in fresh processes). On an AVX2-only CPU the tiny test models run slower on oneDNN
-# kernels: `make test` took 16.5 minutes instead of 13.7 on a 2-core AMD EPYC (all tests passed).
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", _tensorflow_onednn_default())
-
 import json  # noqa: E402
 import shutil  # noqa: E402
 

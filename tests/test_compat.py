@@ -193,7 +193,3 @@ def test_serialized_saved_model(tmp_path):
             ops.update(node.op for node in function.node_def)
     assert {"Square", "AddV2"} <= ops
     assert "serving_default" in proto.meta_graphs[0].signature_def
-
-
-def test_onednn_enabled():
-    assert isinstance(compat.onednn_enabled(), bool)
