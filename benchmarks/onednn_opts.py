@@ -1,8 +1,8 @@
 """What TensorFlow's oneDNN rewrites (`TF_ENABLE_ONEDNN_OPTS`) do for training and serving, on this CPU.
 
 TensorFlow turns them on by default only on CPUs with AVX512_VNNI,
-AVX512_BF16 or AMX; `import keras_transformer` turns them on elsewhere
-(`keras_transformer.onednn`). Each round starts, for each setting (0, then 1):
+AVX512_BF16 or AMX; elsewhere it runs Eigen's kernels unless the variable is
+1 when it is imported. Each round starts, for each setting (0, then 1):
 
 * training: `train_throughput.py --only ours --precisions fp32` (the small
   model under `model.fit`, float32, the paper's dropout and label smoothing),
