@@ -313,11 +313,23 @@ def cpu_flags():
     return sorted(all_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
 
 
+# Environment variables that choose the kernels a run measures; the command shows those that are set.
+KERNEL_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "CT2_USE_MKL")
+
+
+def command_line(argv=None, environ=None):
+    """The command that reproduces this run, prefixed by the kernel-choosing variables set in `environ`."""
+    argv = sys.argv if argv is None else argv
+    environ = os.environ if environ is None else environ
+    script = os.path.relpath(os.path.abspath(argv[0]), ROOT) if argv and argv[0] else "?"
+    settings = [f"{name}={shlex.quote(environ[name])}" for name in KERNEL_VARIABLES if name in environ]
+    return " ".join(settings + ["python", script] + [shlex.quote(a) for a in argv[1:]])
+
+
 def provenance():
     """How a results file was made: the command line, the date, the CPU flags and the load when it was written."""
-    script = os.path.relpath(os.path.abspath(sys.argv[0]), ROOT) if sys.argv and sys.argv[0] else "?"
     return {
-        "command": " ".join(["python", script] + [shlex.quote(a) for a in sys.argv[1:]]),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cpu_flags": cpu_flags(),
         "load_average_at_write": load_average(),

@@ -75,3 +75,12 @@ def test_ctranslate2_also_tries_mkl_on_cpus_where_it_is_not_its_default():
     assert {candidate[3] for candidate in intel} == {"default"}  # MKL already
     assert {candidate[3] for candidate in amd} == {"default", "mkl"}
     assert sorted(amd) == sorted(intel + [(*candidate[:3], "mkl") for candidate in intel])
+
+
+def test_results_command_shows_the_kernel_variables_that_were_set():
+    import common
+
+    argv = [str(ROOT / "benchmarks" / "profile_serving.py"), "a=/tmp/x y", "--rounds", "3"]
+    assert common.command_line(argv, {"HOME": "/root"}) == "python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3"
+    assert common.command_line(argv, {"TF_ENABLE_ONEDNN_OPTS": "1", "CT2_USE_MKL": "1"}) == (
+        "TF_ENABLE_ONEDNN_OPTS=1 CT2_USE_MKL=1 python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3")
