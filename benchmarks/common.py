@@ -163,27 +163,27 @@ def machine_info():
         "cpu_count": os.cpu_count(),
         "load_average_at_start": load_average(),
     }
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpuinfo_value("model name")
+    if cpu is not None:
+        info["cpu"] = cpu
     return info
 
 
-def cpu_vendor():
-    """`/proc/cpuinfo`'s vendor_id (GenuineIntel, AuthenticAMD), or None."""
+def cpuinfo_value(key):
+    """The first value of `key` in /proc/cpuinfo ("model name", "vendor_id"), or None."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("vendor_id"):
+                if line.startswith(key):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
+
+
+def cpu_vendor():
+    """`/proc/cpuinfo`'s vendor_id (GenuineIntel, AuthenticAMD), or None."""
+    return cpuinfo_value("vendor_id")
 
 
 def package_versions(names):

@@ -59,15 +59,15 @@ BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
 # as CTranslate2's inter_threads do (TF Serving: --tensorflow_intra_op_parallelism / _inter_op_parallelism).
 OURS_CANDIDATES = [(64, 2, None, None), (250, 2, None, None), (500, 2, None, None), (1000, 1, None, None),
                    (250, 2, 1, 2), (500, 2, 1, 2), (250, 4, 1, 4)]
-# (max_batch_size, inter_threads, intra_threads, GEMM library)
+# (max_batch_size, inter_threads, intra_threads); `ct2_candidates` adds the GEMM library.
 CT2_CANDIDATES = [(8, 2, 1), (16, 2, 1), (32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]
 
 
 def ct2_candidates(vendor=None):
-    """CTranslate2 uses Intel MKL on Intel CPUs and oneDNN on others, where `CT2_USE_MKL=1` may do better.
+    """`CT2_CANDIDATES`, each with its GEMM library: CTranslate2 uses Intel MKL on Intel CPUs and oneDNN on
+    others, where `CT2_USE_MKL=1` may be faster; there both are tried and the tuning keeps the faster.
 
-    On an AMD EPYC with AVX2 only, its oneDNN int8 matmuls moved log-probabilities by up to 1.0 where MKL's moved
-    them by 0.04 (tests/test_export_ctranslate2.py), so both are tried there and the tuning keeps the faster.
+    (On an AMD EPYC with AVX2 only, MKL was the faster in float32 and far slower in int8.)
     """
     vendor = vendor or common.cpu_vendor()
     libraries = ["default"] if vendor == "GenuineIntel" else ["default", "mkl"]
