@@ -17,7 +17,8 @@ package) translated by the trained demo model (`RUN_DIR`, default
   reference, its int8 weights (CTranslate2 has no bfloat16 on CPU).
 
 Each system first gets its best setting on this machine: every candidate
-(request size x requests in flight x TensorFlow's thread pools for ours; max_batch_size x
+(request size x requests in flight x TensorFlow's thread pools x its kernels for ours, see
+`ours_candidates`; max_batch_size x
 inter_threads/intra_threads x GEMM library for CTranslate2, see `ct2_candidates`) is started, warmed up and timed
 once, and the fastest is kept. Then the kept systems' timed passes alternate
 for `--repeats` rounds (medians reported); a row's `setup_rss_mb` and
@@ -34,6 +35,7 @@ Usage:
     .venv/bin/python benchmarks/decode_serving.py runs/multi30k_en_de \
         --json benchmarks/results/avx512_bf16/decode_serving.json
     .venv/bin/python benchmarks/decode_serving.py RUN_DIR --sentences 200 --repeats 1   # quick
+    .venv/bin/python benchmarks/decode_serving.py RUN_DIR --precisions float32   # no bfloat16 (e.g. emulated)
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
 # as CTranslate2's inter_threads do (TF Serving: --tensorflow_intra_op_parallelism / _inter_op_parallelism).
 OURS_CANDIDATES = [(64, 2, None, None), (250, 2, None, None), (500, 2, None, None), (1000, 1, None, None),
                    (250, 2, 1, 2), (500, 2, 1, 2), (250, 4, 1, 4)]
+# `ours_candidates` adds TensorFlow's kernels.
 # (max_batch_size, inter_threads, intra_threads); `ct2_candidates` adds the GEMM library.
 CT2_CANDIDATES = [(8, 2, 1), (16, 2, 1), (32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]
 
@@ -72,6 +75,31 @@ def ct2_candidates(vendor=None):
     vendor = vendor or common.cpu_vendor()
     libraries = ["default"] if vendor == "GenuineIntel" else ["default", "mkl"]
     return [(*candidate, library) for library in libraries for candidate in CT2_CANDIDATES]
+
+
+def ours_candidates(onednn_by_default=None):
+    """`OURS_CANDIDATES`, each with TensorFlow's kernels: "default" (TensorFlow's choice) and, on CPUs where that
+    is not oneDNN (without AVX512_VNNI, AVX512_BF16 or AMX), also "onednn" (`TF_ENABLE_ONEDNN_OPTS=1` in the
+    serving process, as a server's environment can set it); the tuning keeps the faster.
+
+    (On an AMD EPYC with AVX2 only, one request of 500 sentences ran 1.6x faster on oneDNN's kernels with
+    TensorFlow's default thread pools, and about 1.1x with one intra-op thread per request: see the
+    benchmark README.)
+    """
+    if onednn_by_default is None:
+        onednn_by_default = tensorflow_uses_onednn_by_default()
+    kernels = ["default"] if onednn_by_default else ["default", "onednn"]
+    return [(*candidate, kind) for kind in kernels for candidate in OURS_CANDIDATES]
+
+
+def tensorflow_uses_onednn_by_default():
+    """Whether TensorFlow, with `TF_ENABLE_ONEDNN_OPTS` unset, runs oneDNN's kernels on this CPU (asked in a fresh
+    process: the variable is read once, when TensorFlow loads)."""
+    probe = "from tensorflow.python.util import _pywrap_util_port as p; print(p.IsMklEnabled())"
+    environ = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            env=dict(environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout.split()
+    return output[-1] == "True"
 
 
 class Worker:
@@ -115,45 +143,51 @@ def best_setting(name, candidates, make_args, sentences_file):
     return min(seconds, key=seconds.get), seconds
 
 
-def prepare_models(run_dir, work_dir):
-    """Exports the run as SavedModels (float32, bfloat16) and as a CTranslate2 model; returns their paths."""
+def prepare_models(run_dir, work_dir, precisions=("float32", "bfloat16")):
+    """Exports the run as SavedModels (`precisions`) and as a CTranslate2 model; returns their paths."""
     from keras_transformer.inference.ctranslate2 import export_ctranslate2
     from keras_transformer.inference.saved_model import export_saved_model
     from keras_transformer.run_dir import load_run
 
     paths = {}
-    for precision in ("float32", "bfloat16"):
+    for precision in precisions:
         paths[precision] = export_saved_model(run_dir, os.path.join(work_dir, precision), version=1,
                                               beam_size=BEAM_SIZE, alpha=ALPHA, dtype=precision)
-    # Not the default: fairseq's stopping rule, to show what the exact one costs.
-    paths["bfloat16 k_finished"] = export_saved_model(run_dir, os.path.join(work_dir, "bfloat16_k_finished"),
-                                                      version=1, beam_size=BEAM_SIZE, alpha=ALPHA,
-                                                      dtype="bfloat16", early_stopping="k_finished")
+    if "bfloat16" in precisions:  # not the default: fairseq's stopping rule, to show what the exact one costs
+        paths["bfloat16 k_finished"] = export_saved_model(run_dir, os.path.join(work_dir, "bfloat16_k_finished"),
+                                                          version=1, beam_size=BEAM_SIZE, alpha=ALPHA,
+                                                          dtype="bfloat16", early_stopping="k_finished")
     model, tokenizer = load_run(run_dir, dtype="float32")
     paths["ctranslate2"] = export_ctranslate2(model, os.path.join(work_dir, "ct2"), tokenizer=tokenizer)
     return paths
 
 
 def _ours_label(candidate):
-    request_size, concurrency, intra, inter = candidate
+    request_size, concurrency, intra, inter, kernels = candidate
     threads = f", {intra} intra-op x {inter} inter-op threads" if intra is not None else ""
-    return f"{request_size} per request, {concurrency} in flight{threads}"
+    return f"{request_size} per request, {concurrency} in flight{threads}, {kernels} kernels"
 
 
-def systems_to_time(paths, sentences_file, only):
+def _ours_args(candidate, path):
+    request_size, concurrency, intra, inter, kernels = candidate
+    return ["savedmodel", path, request_size, concurrency, intra or "default", inter or "default", kernels]
+
+
+def systems_to_time(paths, sentences_file, only, precisions=("float32", "bfloat16")):
     """The systems in their best settings: `[(name, worker args, tuning)]`."""
     chosen = []
-    for precision in ("float32", "bfloat16"):
+    candidates = ours_candidates()
+    for precision in precisions:
         name = f"ours {precision}"
         if only and only not in name:
             continue
-        args = lambda c, p=precision: ["savedmodel", paths[p], *(v for v in c if v is not None)]  # noqa: E731
-        best, tried = best_setting(name, OURS_CANDIDATES, args, sentences_file)
+        args = lambda c, p=precision: _ours_args(c, paths[p])  # noqa: E731
+        best, tried = best_setting(name, candidates, args, sentences_file)
         setting = dict(request_size=best[0], concurrency=best[1], intra_op_threads=best[2] or "default",
-                       inter_op_threads=best[3] or "default")
+                       inter_op_threads=best[3] or "default", kernels=best[4])
         chosen.append((name, args(best), dict(setting=setting, tuning={_ours_label(c): s for c, s in tried.items()})))
         if precision == "bfloat16":  # the same export with k_finished stopping, in the same setting
-            chosen.append((f"{name} k_finished", args(best, "bfloat16 k_finished"),
+            chosen.append((f"{name} k_finished", _ours_args(best, paths["bfloat16 k_finished"]),
                            dict(setting=setting, early_stopping="k_finished")))
     for compute_type in ("float32", "int8"):
         name = f"ctranslate2 {compute_type}"
@@ -186,8 +220,14 @@ def main(argv=None):
     parser.add_argument("--sentences", type=int, default=1000, help="the first N sentences of test2016")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", help="time only the systems whose name contains this")
+    parser.add_argument("--precisions", default="float32,bfloat16",
+                        help="our SavedModels to time, comma-separated (default %(default)s; bfloat16 also times "
+                             "k_finished stopping)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
+    precisions = tuple(p.strip() for p in args.precisions.split(","))
+    if not precisions or not set(precisions) <= {"float32", "bfloat16"}:
+        parser.error(f"--precisions takes float32 and/or bfloat16, got {args.precisions!r}")
 
     from keras_transformer.data import corpora
 
@@ -198,8 +238,8 @@ def main(argv=None):
         sentences_file = os.path.join(work_dir, "sources.en")
         with open(sentences_file, "w", encoding="utf-8") as f:
             f.write("".join(s + "\n" for s in sources))
-        paths = prepare_models(args.run_dir, work_dir)
-        chosen = systems_to_time(paths, sentences_file, args.only)
+        paths = prepare_models(args.run_dir, work_dir, precisions)
+        chosen = systems_to_time(paths, sentences_file, args.only, precisions)
         workers = {}
 
         def setup(name, worker_args):

@@ -4,8 +4,9 @@ A trial is `examples/train_multi30k.py` (what `make demo` runs) with its
 recipe options spelled out (model, dropout, vocabulary, schedule, subword
 sampling), trained in the demo's time budget into `runs/trials/NAME`, then
 scored on Multi30k *val*: the trained final model, plus choices made after
-training (average the last 5 or 10 checkpoints or keep the best-BLEU one;
-beam size and length penalty). test2016 is never decoded here.
+training (average the last 3, 5 or 10 checkpoints, those of the final
+fifth of the steps as the demo does, or keep the best-BLEU one; beam size
+and length penalty). test2016 is never decoded here.
 
     python benchmarks/recipe_trials.py list
     python benchmarks/recipe_trials.py run small_drop0.1 mini_drop0.3   # ~30 min each on 2 cores
@@ -34,7 +35,7 @@ SCORES_FILENAME = "val_trial_scores.json"
 # Every trial states the whole recipe, so a trial means the same thing whatever the demo's defaults are.
 # Trials before `pad_to_multiple_of` existed padded every batch to a multiple of 8 tokens.
 RECIPE = dict(preset="small", vocab_size=8000, dropout=0.0, label_smoothing=0.1, warmup_steps=400, lr_scale=0.8,
-              subword_sampling=0.0, average_last=5, pad_to_multiple_of=8)
+              subword_sampling=0.0, average_last=5, average_fraction=None, pad_to_multiple_of=8)
 TRIALS = {
     "small_drop0": dict(RECIPE),
     "small_drop0.1": dict(RECIPE, dropout=0.1),
@@ -99,6 +100,8 @@ def recipe_flags(recipe):
         flag = key.replace("_", "-")
         if isinstance(value, bool):  # the demo's on/off options: --norm-first / --no-norm-first
             flags.append(("--" if value else "--no-") + flag)
+        elif value is None:
+            flags += ["--" + flag, "none"]
         else:
             flags += ["--" + flag, str(value)]
     return flags
@@ -163,7 +166,7 @@ def score_variants(run_dir, only_final=False, lowercase=False):
     `lowercase`: a model trained on lower-cased text (see `_translate_val`).
     """
     from keras_transformer.run_dir import list_checkpoints, load_run
-    from keras_transformer.training.averaging import average_checkpoints
+    from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
 
     model, tokenizer = load_run(run_dir, dtype="float32")
     final_weights = model.get_weights()
@@ -171,11 +174,14 @@ def score_variants(run_dir, only_final=False, lowercase=False):
     variants = {"final": [_translate_val(model, tokenizer, beam, alpha, lowercase) for beam, alpha in searches]}
     if only_final:
         return variants
-    checkpoints = [path for _, path in list_checkpoints(run_dir)]
-    choices = {"last": checkpoints[-1:], "average_last_5": checkpoints[-5:]}
+    steps_and_paths = list_checkpoints(run_dir)
+    checkpoints = [path for _, path in steps_and_paths]
+    choices = {"last": checkpoints[-1:], "average_last_3": checkpoints[-3:], "average_last_5": checkpoints[-5:]}
     for count in (10, 15, 20):
         if len(checkpoints) >= count:
             choices[f"average_last_{count}"] = checkpoints[-count:]
+    # The demo's rule (`--average-fraction 0.2 --average-last 10`): those of the final fifth of the steps, at most 10.
+    choices["average_final_fifth"] = checkpoints_to_average(steps_and_paths, steps_and_paths[-1][0], 10, 0.2)
     best = os.path.join(run_dir, "checkpoints", "best.weights.h5")
     for choice, paths in choices.items():
         model.set_weights(average_checkpoints(paths, model))
@@ -212,8 +218,8 @@ def summarize(name, run_dir, wall_seconds=None, command=None, only_final=False):
         name=name, run_dir=os.path.relpath(run_dir, common.ROOT), command=command,
         recipe=TRIALS.get(name), model=config["model"], precision=config.get("precision"),
         training={k: config["training"].get(k) for k in ("batch_tokens", "time_budget", "warmup_steps", "lr_scale",
-                                                          "subword_sampling", "average_last", "vocab_size", "seed",
-                                                          "pad_to_multiple_of")},
+                                                          "subword_sampling", "average_last", "average_fraction",
+                                                          "vocab_size", "seed", "pad_to_multiple_of")},
         steps=step, epochs=round(step / steps_per_epoch, 2) if step else None,
         train_seconds=report.get("train_seconds"), wall_seconds=round(wall_seconds, 1) if wall_seconds else None,
         tokens_per_sec=report.get("tokens_per_sec"),

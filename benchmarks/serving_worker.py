@@ -1,6 +1,6 @@
 """One translation engine in its own process, timed on command (`decode_serving.py` drives it).
 
-    python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUEST_SIZE CONCURRENCY [INTRA INTER]
+    python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUEST_SIZE CONCURRENCY [INTRA INTER [KERNELS]]
     python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA COMPUTE_TYPE [GEMM]
 
 "savedmodel" imports only tensorflow and tensorflow_text, as a model server
@@ -8,7 +8,10 @@ would: it sends the sentences in file order, REQUEST_SIZE per call of the
 `serving_default` signature, CONCURRENCY calls in flight; INTRA and INTER set
 TensorFlow's intra-op and inter-op thread pools (TF Serving's
 `--tensorflow_intra_op_parallelism` and `--tensorflow_inter_op_parallelism`),
-default TensorFlow's own (one thread per core in each). "ctranslate2"
+"default" (or absent) TensorFlow's own (one thread per core in each).
+KERNELS "onednn" sets `TF_ENABLE_ONEDNN_OPTS=1` before TensorFlow loads (its
+oneDNN kernels, which it uses by default only on CPUs with AVX512_VNNI,
+AVX512_BF16 or AMX); "default" leaves TensorFlow's choice. "ctranslate2"
 imports only ctranslate2 and sentencepiece and calls `translate_batch` on
 the whole file (it sorts and batches by length itself) with beam 4, length
 penalty 0.6 and at most source + 50 tokens, as the SavedModel decodes.
@@ -36,11 +39,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BEAM_SIZE, LENGTH_PENALTY, EXTRA_LENGTH = 4, 0.6, 50  # §6.1, as exported
 
 
-def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra=None, inter=None):
+def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra="default", inter="default",
+                      kernels="default"):
+    if kernels == "onednn":  # read when TensorFlow loads
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    elif kernels != "default":
+        raise ValueError(f"kernels must be 'default' or 'onednn', got {kernels!r}")
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
-    if intra is not None:  # before anything runs: the pools are made once
+    if intra != "default":  # before anything runs: the pools are made once
         tf.config.threading.set_intra_op_parallelism_threads(int(intra))
         tf.config.threading.set_inter_op_parallelism_threads(int(inter))
 

@@ -2,7 +2,8 @@
 
 - `recipe_trials.py`: each trial is a valid demo command; the lower-cased trial's data.
 - `decode_throughput.py --tf-threads`: two positive integers, or a clear error.
-- `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor.
+- `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor, TensorFlow's oneDNN kernels
+  where they are not its default.
 """
 
 import argparse
@@ -35,6 +36,7 @@ def test_trial_command_is_a_demo_command(demo_parser, name):
     args = demo_parser.parse_args(argv)  # an option the demo does not have exits here
     recipe = recipe_trials.TRIALS[name]
     assert args.config_dropout == recipe["dropout"] and args.average_last == recipe["average_last"]
+    assert args.average_fraction == recipe["average_fraction"]  # None: the trials predate it
     assert args.eval_split == "val"  # trials never decode test2016
     if recipe.get("lowercase"):
         data_dir = pathlib.Path(recipe_trials.LOWERCASED_DIR).relative_to(ROOT)
@@ -75,6 +77,20 @@ def test_ctranslate2_also_tries_mkl_on_cpus_where_it_is_not_its_default():
     assert {candidate[3] for candidate in intel} == {"default"}  # MKL already
     assert {candidate[3] for candidate in amd} == {"default", "mkl"}
     assert sorted(amd) == sorted(intel + [(*candidate[:3], "mkl") for candidate in intel])
+
+
+def test_savedmodel_also_tries_onednn_on_cpus_where_it_is_not_tensorflows_default():
+    by_default = decode_serving.ours_candidates(onednn_by_default=True)
+    elsewhere = decode_serving.ours_candidates(onednn_by_default=False)
+    assert {candidate[4] for candidate in by_default} == {"default"}
+    assert elsewhere == by_default + [(*candidate[:4], "onednn") for candidate in by_default]
+    # The worker's arguments: every setting spelled out, TensorFlow's pools as "default".
+    assert decode_serving._ours_args((250, 2, None, None, "onednn"), "/x") == [
+        "savedmodel", "/x", 250, 2, "default", "default", "onednn"]
+    import serving_worker
+
+    with pytest.raises(ValueError, match="kernels must be"):
+        serving_worker.savedmodel_engine("/x", ["a"], 1, 1, kernels="mkl")
 
 
 def test_results_command_shows_the_kernel_variables_that_were_set():

@@ -50,7 +50,7 @@ def killed_and_resumed(tmp_path_factory, spm500):
     run_dir = new_run_dir(tmp_path_factory.mktemp("runs") / "multi30k_tiny", spm500)
     train_argv = [
         "--preset", "tiny", "--vocab-size", "500", "--max-steps", "30", "--checkpoint-every", "5",
-        "--average-last", "3", "--warmup-steps", "10", "--log-every", "5", "--max-length", "64",
+        "--average-last", "3", "--average-fraction", "0.25", "--warmup-steps", "10", "--log-every", "5", "--max-length", "64",
         "--batch-tokens", "2048", "--verbose", "2", "--output", str(run_dir),
     ]
     command = cli_command() + ["train"] + train_argv
@@ -106,10 +106,11 @@ def test_run_directory_has_everything(killed_and_resumed):
     row = read_csv(run_dir / "history.csv")[-1]
     for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate", "tokens_per_sec"):
         assert float(row[key]) > 0, key
-    # model.keras is the mean of the last 3 checkpoints (§6.1), and load_run gives it back.
+    # model.keras is the mean of the checkpoints of the last quarter of the 30 steps (at most 3, §6.1):
+    # steps 25 and 30 (20 < 22.5); load_run gives it back.
     model, tokenizer = training.load_run(str(run_dir))
     assert tokenizer.vocab_size == 500
-    expected = training.average_checkpoints([p for _, p in training.list_checkpoints(run_dir)[-3:]])
+    expected = training.average_checkpoints([p for s, p in training.list_checkpoints(run_dir) if s in (25, 30)])
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
@@ -147,6 +148,25 @@ def test_finished_run_started_again_trains_nothing(killed_and_resumed, capsys):
 # ----------------------------------------------------------------------------------
 # In process
 # ----------------------------------------------------------------------------------
+
+
+def test_checkpoints_to_average_within_the_runs_final_fraction():
+    every_50 = [(step, f"ckpt-{step}") for step in range(450, 851, 50)] + [(857, "ckpt-857")]
+    choose = training.checkpoints_to_average
+    # The newest K, whatever their steps (§6.1) ...
+    assert choose(every_50, 857, 10) == [p for _, p in every_50]
+    assert choose(every_50, 857, 3) == ["ckpt-800", "ckpt-850", "ckpt-857"]
+    # ... or those of the last fifth of 857 steps (from step 685.6), still at most K.
+    assert choose(every_50, 857, 10, 0.2) == ["ckpt-700", "ckpt-750", "ckpt-800", "ckpt-850", "ckpt-857"]
+    assert choose(every_50, 857, 2, 0.2) == ["ckpt-850", "ckpt-857"]
+    assert choose(every_50, 857, 10, 1.0) == [p for _, p in every_50]
+    # Checkpoints after the last step (of a longer earlier run) are not the run's; an empty window keeps the newest.
+    assert choose(every_50, 800, 10, 0.2) == ["ckpt-650", "ckpt-700", "ckpt-750", "ckpt-800"]
+    assert choose(every_50, 857, 10, 0.001) == ["ckpt-857"]
+    with pytest.raises(ValueError, match="average_fraction must be"):
+        training.TrainingArgs(average_fraction=0.0)
+    with pytest.raises(ValueError, match="average_fraction must be"):
+        training.TrainingArgs(average_fraction=1.5)
 
 
 def test_average_checkpoints_is_the_elementwise_mean(tmp_path):
@@ -615,8 +635,8 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     run_dir = new_run_dir(tmp_path / "run", spm500)
     report = example.main([
         "--preset", "tiny", "--vocab-size", "500", "--max-steps", "6", "--checkpoint-every", "3",
-        "--average-last", "2", "--warmup-steps", "3", "--max-length", "48", "--batch-tokens", "2048",
-        "--eval-limit", "4", "--samples", "2", "--verbose", "0", "--output", str(run_dir),
+        "--average-last", "2", "--average-fraction", "0.5",  # steps 3 and 6 (the demo's 0.2: step 6 alone)
+        "--warmup-steps", "3", "--max-length", "48", "--batch-tokens", "2048", "--eval-limit", "4", "--samples", "2", "--verbose", "0", "--output", str(run_dir),
         "--export-dir", str(tmp_path / "saved_models"),
     ])
     out = capsys.readouterr().out
@@ -664,7 +684,7 @@ def test_demo_recipe_reaches_the_run_and_flags_override_it():
     config = demo.model_config()
     assert (config.num_layers, config.d_model, config.dropout, config.label_smoothing) == (3, 256, 0.1, 0.1)
     assert (demo.time_budget, demo.precision, demo.average_last, demo.keep_checkpoints) == (27.5, "auto", 10, 10)
-    assert (demo.warmup_steps, demo.lr_scale, demo.validate_bleu_every) == (400, 0.8, 500)
+    assert (demo.warmup_steps, demo.lr_scale, demo.validate_bleu_every, demo.average_fraction) == (400, 0.8, 500, 0.2)
     assert (namespace.beam, namespace.alpha) == (example.DEMO_BEAM_SIZE, example.DEMO_ALPHA)
     overridden = parser.parse_args(["--dropout", "0.3", "--average-last", "5", "--beam", "4", "--alpha", "0.6"])
     assert train_cli.args_from_namespace(overridden).model_config().dropout == 0.3
@@ -672,6 +692,9 @@ def test_demo_recipe_reaches_the_run_and_flags_override_it():
     # The library and the CLI keep the paper's schedule: warmup 4000, no scale (§5.3).
     cli = train_cli.args_from_namespace(train_cli.add_training_arguments(argparse.ArgumentParser()).parse_args([]))
     assert (cli.warmup_steps, cli.lr_scale, cli.model_config().dropout) == (4000, 1.0, 0.1)
+    assert cli.average_fraction is None  # the paper's "last K" (§6.1)
+    off = train_cli.args_from_namespace(parser.parse_args(["--average-fraction", "none"]))
+    assert off.average_fraction is None and off.average_last == 10
 
 
 def test_wmt14_example_has_the_papers_recipes(capsys):

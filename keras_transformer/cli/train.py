@@ -45,6 +45,11 @@ def _parse_value(text):
         return text
 
 
+def _float_or_none(text):
+    """A number, or "none" for None."""
+    return None if text.strip().lower() == "none" else float(text)
+
+
 _CONFIG_FLAGS = (
     # flag, TransformerConfig field, type, help
     ("--num-layers", "num_layers", int, "N, layers per stack (§3.1)"),
@@ -157,6 +162,10 @@ def _add_run_flags(parser, d):
                      help="newest checkpoints to keep (at least --average-last; default %(default)s)")
     run.add_argument("--average-last", type=int, default=d.average_last,
                      help="final model = mean of the last K checkpoints (§6.1: 5 base, 20 big; default off)")
+    run.add_argument("--average-fraction", type=_float_or_none, default=d.average_fraction, metavar="FRACTION",
+                     help="with --average-last: average only the checkpoints of the run's last FRACTION of steps "
+                          "(e.g. 0.2: its final fifth), however many steps a --time-budget allows; none: the last "
+                          "K whatever their steps (default %(default)s)")
     run.add_argument("--ema", type=float, default=d.ema, metavar="DECAY",
                      help="keep an exponential moving average of the weights (e.g. 0.999), validate with it and "
                           "export it: an alternative to --average-last (default off)")

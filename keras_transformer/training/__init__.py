@@ -13,7 +13,8 @@ The paper's training (Vaswani et al., 2017, §5):
   equation (3) with warmup_steps = 4000 (`--warmup-steps`, `--lr-scale`);
 - §5.4 residual dropout P_drop = 0.1 and label smoothing epsilon_ls = 0.1;
 - §6.1 averaging the last 5 (base) or 20 (big) checkpoints:
-  `--checkpoint-every`, `--average-last K`, `average_checkpoints`.
+  `--checkpoint-every`, `--average-last K`, `average_checkpoints`;
+  `--average-fraction F` keeps the average within the run's last F of steps.
 
 Modules:
 
@@ -56,6 +57,7 @@ _EXPORTS = {
     "TrainingArgs": "keras_transformer.training.options",
     "TrainingResult": "keras_transformer.training.options",
     "average_checkpoints": "keras_transformer.training.averaging",
+    "checkpoints_to_average": "keras_transformer.training.averaging",
     "write_averaged_model": "keras_transformer.training.averaging",
     "count_batches_per_epoch": "keras_transformer.training.stream",
     "list_checkpoints": "keras_transformer.run_dir",

@@ -61,6 +61,32 @@ def average_checkpoints(paths, model=None):
     return [(acc / len(paths)).astype(w.dtype) for acc, w in zip(total, original)]
 
 
+def checkpoints_to_average(checkpoints, last_step, count, fraction=None):
+    """The checkpoints a run's final model averages: the newest `count`, within the run's final `fraction`.
+
+    Args:
+        checkpoints: `(step, path)` pairs, oldest first (`list_checkpoints`).
+        last_step: the run's last step.
+        count: K, the most checkpoints to average (§6.1: the last 5 or 20).
+        fraction: None for the newest K whatever their steps; else only
+            checkpoints written in the last `fraction` of the steps, at
+            step >= (1 - fraction) * last_step. Checkpoints written every N
+            steps span a fixed number of steps, which is a small part of a
+            long run and most of a short one, where the early weights
+            drag the average down; a fraction spans the same part of any run
+            (the demo: its time budget buys a different number of steps
+            on each CPU).
+
+    Returns:
+        the chosen paths, oldest first (at least the newest checkpoint).
+    """
+    checkpoints = [(step, path) for step, path in checkpoints if step <= last_step]
+    if fraction is not None:
+        start = (1.0 - fraction) * last_step
+        checkpoints = [(step, path) for step, path in checkpoints if step >= start] or checkpoints[-1:]
+    return [path for _, path in checkpoints[-max(count, 1):]]
+
+
 def write_averaged_model(run_dir, last, output=None):
     """Averages the last `last` checkpoints of `run_dir` into a compiled float32 model file.
 

@@ -48,7 +48,7 @@ from keras_transformer.run_dir import (
 from keras_transformer.training import callbacks as run_callbacks
 from keras_transformer.training import init_from
 from keras_transformer.training import strategy as strategies
-from keras_transformer.training.averaging import average_checkpoints
+from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
 from keras_transformer.training.curves import plot_curves
 from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES, TrainingArgs, TrainingResult
 from keras_transformer.training.run import Run
@@ -315,15 +315,14 @@ def _finish(state, monitor):
     keras.mixed_precision.set_global_policy("float32")
     final = Transformer(state.model_config, dtype="float32")
     final.build()
-    checkpoints = [p for s, p in list_checkpoints(run.out_dir) if s <= step]
-    averaged = args.average_last > 1 and len(checkpoints) > 1 and not monitor.stopped_on_nan
+    chosen = checkpoints_to_average(list_checkpoints(run.out_dir), step, args.average_last, args.average_fraction)
+    averaged = args.average_last > 1 and len(chosen) > 1 and not monitor.stopped_on_nan
     if args.ema and not monitor.stopped_on_nan:
         # The moving average is the final model (fit() wrote it into the model already,
         # unless nothing was trained in this process).
         state.model.optimizer.finalize_variable_values(state.model.trainable_variables)
         print(f"Final weights: the exponential moving average (decay {args.ema:g}).", flush=True)
     if averaged:
-        chosen = checkpoints[-args.average_last:]
         final.set_weights(average_checkpoints(chosen, final))
         print(f"Averaged the last {len(chosen)} checkpoints: "
               + ", ".join(os.path.basename(p) for p in chosen), flush=True)

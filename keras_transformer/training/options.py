@@ -85,6 +85,10 @@ class TrainingArgs:
         keep_checkpoints: newest checkpoints kept (at least `average_last`).
         average_last: average the last K checkpoints into the final model
             (§6.1: 5 for base, 20 for big); 0 or 1 keeps the last weights.
+        average_fraction: None, or average only the checkpoints of the
+            run's last fraction of steps (at most `average_last` of them;
+            `training.averaging.checkpoints_to_average`): the same part of
+            a run however many steps a time budget allows (not in the paper).
         ema: keep an exponential moving average of the weights with this
             decay (Keras' optimizer `use_ema`, `ema_momentum`), validate with
             it and make it the final model; an alternative to `average_last`
@@ -131,6 +135,7 @@ class TrainingArgs:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     average_last: int = 0
+    average_fraction: Optional[float] = None
     ema: Optional[float] = None
     validate_every: int = 1
     validate_bleu_every: Optional[int] = None
@@ -180,6 +185,10 @@ class TrainingArgs:
             raise ValueError("keep_checkpoints must be >= 1 and average_last >= 0.")
         if isinstance(self.subword_sampling, bool) or not 0.0 <= self.subword_sampling <= 1.0:
             raise ValueError(f"subword_sampling must be in [0, 1], got {self.subword_sampling!r}.")
+        if self.average_fraction is not None and (isinstance(self.average_fraction, bool)
+                                                  or not 0.0 < self.average_fraction <= 1.0):
+            raise ValueError(f"average_fraction must be a fraction of the run in (0, 1] or None, "
+                             f"got {self.average_fraction!r}.")
         if isinstance(self.cooldown, bool) or not 0.0 <= self.cooldown <= 1.0:
             raise ValueError(f"cooldown must be a fraction of the run in [0, 1], got {self.cooldown!r}.")
         if not self.lr_scale > 0:
