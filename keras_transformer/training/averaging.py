@@ -107,7 +107,7 @@ def write_averaged_model(run_dir, last, output=None):
     if len(checkpoints) < last:
         logger.warning("%s has %d checkpoints, fewer than --last %d; averaging all of them.",
                        run_dir, len(checkpoints), last)
-    chosen = [p for _, p in checkpoints[-last:]]
+    chosen = checkpoints_to_average(checkpoints, checkpoints[-1][0], last)
     model = build_model(model_config_of_run(run_dir), dtype="float32")
     model.set_weights(average_checkpoints(chosen, model))
     output = output or os.path.join(run_dir, f"model-avg{len(chosen)}.keras")
