@@ -324,6 +324,14 @@ def test_translate_saved_model_base_directory_uses_the_highest_version(saved_mod
     assert out.out == "\n".join(expected[10]) + "\n"
 
 
+def test_translate_saved_model_in_a_fresh_process(saved_model_versions):
+    # Nothing but the command imports anything: the export's tensorflow-text ops must get registered.
+    base, _, sentences, expected = saved_model_versions
+    proc = subprocess.run(CLI + ["translate", "--model", base, *sentences], capture_output=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    assert proc.stdout == _stdout_bytes(expected[10])
+
+
 def test_translate_saved_model_version_directory(saved_model_versions, capsys):
     _, paths, sentences, expected = saved_model_versions
     out = run_cli(["translate", "--model", paths[2], *sentences], capsys)

@@ -287,6 +287,10 @@ class SavedModelTranslator:
     """The same `translate` interface over an exported SavedModel (`serving_default`)."""
 
     def __init__(self, path):
+        # The export's graph tokenizes with tensorflow-text's ops, which TensorFlow knows only once
+        # tensorflow_text is imported; nothing else may have imported it in this process.
+        import tensorflow_text  # noqa: F401
+
         self.path = resolve_saved_model_dir(path)
         self._loaded = tf.saved_model.load(self.path)
         self._serve = self._loaded.signatures["serving_default"]
