@@ -153,7 +153,7 @@ def _translate_val(model, tokenizer, beam, alpha, lowercase=False):
     if lowercase:
         sources = [line.lower() for line in sources]
     started = time.perf_counter()
-    hypotheses = Translator(model, tokenizer, beam_size=beam, alpha=alpha).translate(sources, batch_size=64)
+    hypotheses = Translator(model, tokenizer, beam_size=beam, alpha=alpha).translate(sources)
     scores = corpus_scores(hypotheses, references, lang="de")
     return dict(beam=beam, alpha=alpha, bleu=round(scores["bleu"], 2), tok_bleu=round(scores["tok_bleu"], 2),
                 chrf=round(scores["chrf"], 2), decode_seconds=round(time.perf_counter() - started, 1))

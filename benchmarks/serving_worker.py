@@ -2,6 +2,7 @@
 
     python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUEST_SIZE CONCURRENCY [INTRA INTER [KERNELS]]
     python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA COMPUTE_TYPE [GEMM]
+    python benchmarks/serving_worker.py translator MODEL SENTENCES_FILE BATCH_SIZE WORKERS [KERNELS]
 
 "savedmodel" imports only tensorflow and tensorflow_text, as a model server
 would: it sends the sentences in file order, REQUEST_SIZE per call of the
@@ -16,7 +17,11 @@ imports only ctranslate2 and sentencepiece and calls `translate_batch` on
 the whole file (it sorts and batches by length itself) with beam 4, length
 penalty 0.6 and at most source + 50 tokens, as the SavedModel decodes.
 GEMM "mkl" makes it use Intel MKL (`CT2_USE_MKL=1`), its default on Intel CPUs
-only; "default" leaves CTranslate2's choice (oneDNN elsewhere).
+only; "default" leaves CTranslate2's choice (oneDNN elsewhere). "translator"
+is what `keras-transformer translate --model MODEL` runs (MODEL an export or
+a run directory, beam 4 and alpha 0.6): the package's
+`load_translator(MODEL).translate(sentences, batch_size=BATCH_SIZE,
+workers=WORKERS)`, with TensorFlow's default thread pools.
 
 Protocol (one JSON object per line): it prints {"ready": ...} after a warm-up
 pass; each "run" read on stdin makes one timed pass over all sentences and
@@ -39,12 +44,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BEAM_SIZE, LENGTH_PENALTY, EXTRA_LENGTH = 4, 0.6, 50  # §6.1, as exported
 
 
-def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra="default", inter="default",
-                      kernels="default"):
+def _choose_kernels(kernels):
     if kernels == "onednn":  # read when TensorFlow loads
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
     elif kernels != "default":
         raise ValueError(f"kernels must be 'default' or 'onednn', got {kernels!r}")
+
+
+def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra="default", inter="default",
+                      kernels="default"):
+    _choose_kernels(kernels)
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
@@ -63,6 +72,14 @@ def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra="d
         return [t for out in pool.map(one, requests) for t in out]
 
     return translate
+
+
+def translator_engine(model, sentences, batch_size, workers, kernels="default"):
+    _choose_kernels(kernels)
+    from keras_transformer.inference.translator import load_translator
+
+    translator = load_translator(model, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_extra_length=EXTRA_LENGTH)
+    return lambda: translator.translate(sentences, batch_size=int(batch_size), workers=int(workers))
 
 
 def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compute_type, gemm="default"):
@@ -90,7 +107,7 @@ def main(argv):
     kind, path, sentences_file, *options = argv
     with open(sentences_file, encoding="utf-8") as f:
         sentences = [line.rstrip("\n") for line in f]
-    engines = {"savedmodel": savedmodel_engine, "ctranslate2": ctranslate2_engine}
+    engines = {"savedmodel": savedmodel_engine, "translator": translator_engine, "ctranslate2": ctranslate2_engine}
     translate = engines[kind](path, sentences, *options)
     started = time.perf_counter()
     output = translate()  # warm-up: traces, allocates, spins up threads

@@ -35,6 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from keras_transformer import training  # noqa: E402
 from keras_transformer.cli import train as train_cli  # noqa: E402
 from keras_transformer.data import corpora  # noqa: E402
+from keras_transformer.decoding.defaults import DEFAULT_TRANSLATE_BATCH_SIZE  # noqa: E402
 from keras_transformer.inference.evaluation import corpus_scores, format_scores  # noqa: E402
 from keras_transformer.inference.saved_model import export_saved_model  # noqa: E402
 from keras_transformer.inference.translator import Translator  # noqa: E402
@@ -104,7 +105,8 @@ def build_parser():
                             help="beam size (default %(default)s, chosen on validation BLEU; the paper's is 4, §6.1)")
     evaluation.add_argument("--alpha", type=float, default=DEMO_ALPHA,
                             help="length penalty (default %(default)s, chosen on validation BLEU; the paper's is 0.6)")
-    evaluation.add_argument("--eval-batch-size", type=int, default=64, help="sentences per decoding call")
+    evaluation.add_argument("--eval-batch-size", type=int, default=DEFAULT_TRANSLATE_BATCH_SIZE,
+                            help="the most sentences per decoding call (default %(default)s)")
     evaluation.add_argument("--samples", type=int, default=5, help="sample translations to print")
     evaluation.add_argument("--export-dir", default=EXPORT_DIR, help=f"SavedModel directory (default {EXPORT_DIR})")
     evaluation.add_argument("--no-export", dest="export", action="store_false", help="do not export a SavedModel")

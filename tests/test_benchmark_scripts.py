@@ -4,6 +4,7 @@
 - `decode_throughput.py --tf-threads`: two positive integers, or a clear error.
 - `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor, TensorFlow's oneDNN kernels
   where they are not its default.
+- `translate_batching.py`: its candidates, and each one's ratios to the first batch size.
 """
 
 import argparse
@@ -91,6 +92,26 @@ def test_savedmodel_also_tries_onednn_on_cpus_where_it_is_not_tensorflows_defaul
 
     with pytest.raises(ValueError, match="kernels must be"):
         serving_worker.savedmodel_engine("/x", ["a"], 1, 1, kernels="mkl")
+
+
+def test_translate_batching_compares_each_batch_size_with_the_first():
+    import translate_batching
+
+    assert translate_batching.candidates([64, 256], onednn_by_default=True) == [(64, "default"), (256, "default")]
+    assert translate_batching.candidates([64, 256], onednn_by_default=False) == [
+        (64, "default"), (256, "default"), (64, "onednn"), (256, "onednn")]
+    base, big = (64, "default"), (256, "default")
+    times = {base: [{"cold": 10.0, "warm": 8.0}, {"cold": 12.0, "warm": 8.0}],
+             big: [{"cold": 5.0, "warm": 8.0}, {"cold": 8.0, "warm": 4.0}]}
+    results = translate_batching.summarize(times, {base: ["a", "b"], big: ["a", "c"]}, base, 2)
+    assert results["batch_size 256, default kernels"]["cold"]["median_ratio_to_baseline"] == pytest.approx(1.75)
+    assert results["batch_size 256, default kernels"]["warm"]["median_ratio_to_baseline"] == pytest.approx(1.5)
+    assert results["batch_size 256, default kernels"]["identical_to_baseline"] == 0.5
+    assert results["batch_size 64, default kernels"]["warm"]["sentences_per_second"] == pytest.approx(0.25)
+    import serving_worker
+
+    with pytest.raises(ValueError, match="kernels must be"):
+        serving_worker.translator_engine("/x", ["a"], 1, 1, kernels="mkl")
 
 
 def test_results_command_shows_the_kernel_variables_that_were_set():

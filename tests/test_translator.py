@@ -95,6 +95,32 @@ def test_concurrent_batches_give_the_same_translations_in_order(translator):
         translator.translate(sentences, workers=0)
 
 
+def test_batches_are_even_and_keep_every_worker_busy():
+    from keras_transformer.inference.translator import _even_batches
+
+    def sizes(count, batch_size, workers):
+        batches = _even_batches(np.arange(count), batch_size, workers)
+        assert np.array_equal(np.concatenate(batches) if batches else np.arange(0), np.arange(count))
+        return [len(batch) for batch in batches]
+
+    assert sizes(600, 512, 2) == [300, 300]  # not 512 and 88
+    assert sizes(1000, 256, 2) == [250] * 4
+    assert sizes(1000, 256, 3) == [167, 167, 167, 167, 166, 166]
+    assert sizes(100, 512, 2) == [100]  # one batch: no split
+    assert sizes(3, 2, 4) == [1, 1, 1]  # never an empty batch
+    assert sizes(0, 64, 2) == []
+
+
+def test_first_calls_of_concurrent_workers_trace_once(tokenizer):
+    keras.utils.set_random_seed(0)
+    config = TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64, max_length=16)
+    fresh = Translator(Transformer(config), tokenizer, beam_size=2, max_extra_length=4)
+    sentences = read_lines("test2016", "en")[:12]
+    texts = fresh.translate(sentences, batch_size=3, workers=4)  # four untraced calls at once
+    assert fresh.translate_strings.experimental_get_tracing_count() == 1
+    assert texts == fresh.translate(sentences, batch_size=12, workers=1)
+
+
 def test_greedy_translator(tokenizer, translator):
     from keras_transformer.decoding import greedy_search
 

@@ -4,6 +4,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
+    DEFAULT_TRANSLATE_BATCH_SIZE,
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
 )
@@ -35,7 +36,8 @@ def add_model_options(parser):
     parser.add_argument("--checkpoint", default=None,
                         help="with a run directory: use this checkpoint (a path, e.g. from average-checkpoints, "
                              "or 'latest') instead of model.keras")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per decoding call (default 64)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_TRANSLATE_BATCH_SIZE,
+                        help=f"the most sentences per decoding call (default {DEFAULT_TRANSLATE_BATCH_SIZE})")
 
 
 def load_translator(args):

@@ -20,7 +20,6 @@ Defined answers for awkward input (no crash, no hang):
 
 import concurrent.futures
 import contextlib
-import itertools
 import logging
 import os
 import sys
@@ -34,6 +33,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
+    DEFAULT_TRANSLATE_BATCH_SIZE,
     EXTRA_OUTPUT_LENGTH,
 )
 from keras_transformer.special_ids import EOS_ID, PAD_ID
@@ -211,12 +211,16 @@ class Translator(tf.Module):
 
     # Python convenience ---------------------------------------------------------------
 
-    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2, n_best=None):
+    def translate(self, sentences, batch_size=DEFAULT_TRANSLATE_BATCH_SIZE, progress=False, return_scores=False,
+                  workers=2, n_best=None):
         """Translates a list of `str`, batching sentences of similar length.
 
         Args:
             sentences: list of str.
-            batch_size: sentences per decoding call.
+            batch_size: the most sentences per decoding call (default
+                `DEFAULT_TRANSLATE_BATCH_SIZE`, 256); the sentences are cut into
+                batches as even as that allows, their number a multiple of
+                `workers`.
             progress: show a progress bar on stderr.
             return_scores: also return the list of scores.
             workers: batches decoded at the same time (threads). A decoding
@@ -242,7 +246,7 @@ class Translator(tf.Module):
         sentences = list(sentences)
         lengths = [len(s.encode("utf-8", "replace")) for s in sentences]
         order = np.argsort(lengths, kind="stable")[::-1]  # longest first: errors show early
-        chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        chunks = _even_batches(order, batch_size, workers)
         results = [None] * len(sentences)
         bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
 
@@ -250,10 +254,10 @@ class Translator(tf.Module):
             inputs = tf.constant([sentences[i] for i in rows], tf.string)
             return rows, self.translate_strings(inputs) if n_best is None else self.n_best_strings(inputs, n_best)
 
+        # All batches go to the pool at once: a `tf.function` traces under a lock, so the first
+        # calls of two threads trace it once.
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            # The first batch alone: it traces the graph functions once.
-            batches = itertools.chain([run(chunks[0])] if chunks else [], pool.map(run, chunks[1:]))
-            for rows, out in batches:
+            for rows, out in pool.map(run, chunks):
                 for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy()):
                     results[row] = _decoded(text, score)
                 if bar is not None:
@@ -310,8 +314,23 @@ class SavedModelTranslator:
         outputs = signature(inputs=tf.convert_to_tensor(inputs, tf.string))
         return {name: value[:, :n_best] for name, value in outputs.items()}
 
-    def translate(self, sentences, batch_size=64, progress=False, return_scores=False, workers=2, n_best=None):
+    def translate(self, sentences, batch_size=DEFAULT_TRANSLATE_BATCH_SIZE, progress=False, return_scores=False,
+                  workers=2, n_best=None):
         return Translator.translate(self, sentences, batch_size, progress, return_scores, workers, n_best)
+
+
+def _even_batches(order, batch_size, workers):
+    """`order` cut into batches of at most `batch_size` rows, as even in size as their number allows.
+
+    Once there is more than one batch, their number is a multiple of
+    `workers`, so no worker idles while another decodes a far larger batch:
+    600 sentences in batches of at most 512 for 2 workers are two of 300, not
+    512 and 88.
+    """
+    count = -(-len(order) // batch_size)
+    if count > 1:
+        count = -(-count // workers) * workers
+    return [batch for batch in np.array_split(order, count) if len(batch)] if count else []
 
 
 def _decoded(text, score):

@@ -86,7 +86,7 @@ class ValidationBleu:
         from keras_transformer.inference.evaluation import corpus_scores
 
         started = time.perf_counter()
-        hypotheses = self._translator_for(model).translate(self.sources, batch_size=64)
+        hypotheses = self._translator_for(model).translate(self.sources)
         bleu = corpus_scores(hypotheses, self.references, lang=self.lang)["bleu"]
         seconds = time.perf_counter() - started
         self.latest = (step, bleu)
