@@ -102,6 +102,14 @@ def tensorflow_uses_onednn_by_default():
     return output[-1] == "True"
 
 
+def write_sentences_file(work_dir, sentences):
+    """`sentences`, one per line, in `work_dir`: the file `serving_worker.py` reads; returns its path."""
+    path = os.path.join(work_dir, "sources.en")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(s + "\n" for s in sentences))
+    return path
+
+
 class Worker:
     """A `serving_worker.py` process, warmed up and waiting for commands."""
 
@@ -235,9 +243,7 @@ def main(argv=None):
     references = corpora.read_lines("test2016", "de")[: args.sentences]
     machine = common.machine_info()
     with tempfile.TemporaryDirectory(prefix="decode_serving_") as work_dir:
-        sentences_file = os.path.join(work_dir, "sources.en")
-        with open(sentences_file, "w", encoding="utf-8") as f:
-            f.write("".join(s + "\n" for s in sources))
+        sentences_file = write_sentences_file(work_dir, sources)
         paths = prepare_models(args.run_dir, work_dir, precisions)
         chosen = systems_to_time(paths, sentences_file, args.only, precisions)
         workers = {}

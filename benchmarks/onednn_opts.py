@@ -74,9 +74,7 @@ def main(argv=None):
     sources = corpora.read_lines("test2016", "en")
     rates = {(part, s): [] for part in ("training", "serving") for s in SETTINGS}
     with tempfile.TemporaryDirectory(prefix="onednn_opts_") as work_dir:
-        sentences_file = os.path.join(work_dir, "sources.en")
-        with open(sentences_file, "w", encoding="utf-8") as f:
-            f.write("".join(s + "\n" for s in sources))
+        sentences_file = decode_serving.write_sentences_file(work_dir, sources)
         export_dir = export_saved_model(args.run_dir, os.path.join(work_dir, "float32"), version=1,
                                         beam_size=decode_serving.BEAM_SIZE, alpha=decode_serving.ALPHA,
                                         dtype="float32")

@@ -99,9 +99,7 @@ def main(argv=None):
     baseline = tried[0]
     times, outputs = {c: [] for c in tried}, {}
     with tempfile.TemporaryDirectory(prefix="translate_batching_") as work_dir:
-        sentences_file = os.path.join(work_dir, "sources.en")
-        with open(sentences_file, "w", encoding="utf-8") as f:
-            f.write("".join(s + "\n" for s in sources))
+        sentences_file = decode_serving.write_sentences_file(work_dir, sources)
         model = args.run_dir if args.source == "run_dir" else export_saved_model(
             args.run_dir, os.path.join(work_dir, "export"), version=1, beam_size=decode_serving.BEAM_SIZE,
             alpha=decode_serving.ALPHA, dtype=args.precision)

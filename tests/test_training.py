@@ -50,7 +50,8 @@ def killed_and_resumed(tmp_path_factory, spm500):
     run_dir = new_run_dir(tmp_path_factory.mktemp("runs") / "multi30k_tiny", spm500)
     train_argv = [
         "--preset", "tiny", "--vocab-size", "500", "--max-steps", "30", "--checkpoint-every", "5",
-        "--average-last", "3", "--average-fraction", "0.25", "--warmup-steps", "10", "--log-every", "5", "--max-length", "64",
+        "--average-last", "3", "--average-fraction", "0.25", "--warmup-steps", "10", "--log-every", "5",
+        "--max-length", "64",
         "--batch-tokens", "2048", "--verbose", "2", "--output", str(run_dir),
     ]
     command = cli_command() + ["train"] + train_argv
