@@ -662,6 +662,9 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     assert saved["machine"]["cpu_count"] == os.cpu_count() and "flags" in saved["machine"]
     assert saved["wall_seconds"] >= saved["train_seconds"] > 0 and saved["peak_rss_mb"] > 100
     assert saved["versions"]["tensorflow"]
+    # The run trained with the demo's dropout for this CPU: 0 in float32, the paper's 0.1 in native bfloat16.
+    native_bfloat16 = training_strategy.auto_precision(gpu_capabilities=[])[0] == "mixed_bfloat16"
+    assert run_layout.read_config(str(run_dir))["model"]["dropout"] == (0.1 if native_bfloat16 else 0.0)
     # The export records the run's options, the machine and the scores of its model.
     info = json.loads(open(os.path.join(report["export_path"], "assets", "export.json")).read())
     assert info["training"]["max_steps"] == 6
@@ -696,6 +699,34 @@ def test_demo_recipe_reaches_the_run_and_flags_override_it():
     assert cli.average_fraction is None  # the paper's "last K" (§6.1)
     off = train_cli.args_from_namespace(parser.parse_args(["--average-fraction", "none"]))
     assert off.average_fraction is None and off.average_last == 10
+
+
+def test_demo_trains_without_dropout_where_its_budget_buys_few_epochs(capsys):
+    """The demo's dropout follows the hardware's pace: 0 in float32 on a CPU (~6 epochs in 27.5 minutes),
+    the paper's 0.1 with native 16-bit arithmetic or a GPU (~15 epochs); a dropout given wins."""
+    spec = importlib.util.spec_from_file_location("train_multi30k", ROOT / "examples" / "train_multi30k.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    parser = example.build_parser()
+
+    def dropout(argv, native_precision, has_gpu=False):
+        args = example.training_args(parser.parse_args(argv), native_precision=native_precision, has_gpu=has_gpu)
+        return args.model_config().dropout
+
+    assert dropout([], "float32") == 0.0  # an AVX2 CPU
+    assert capsys.readouterr().out.startswith("Dropout 0 (the paper's is 0.1): in float32 on this CPU, 27.5 minutes")
+    assert dropout(["--precision", "mixed_bfloat16"], "float32") == 0.0  # emulated bfloat16: slower still
+    assert dropout(["--precision", "float32"], "mixed_bfloat16") == 0.0  # float32 where bfloat16 is native
+    capsys.readouterr()
+    assert dropout([], "mixed_bfloat16") == 0.1  # a CPU with AVX512_BF16
+    assert dropout([], "mixed_float16", has_gpu=True) == 0.1
+    assert dropout(["--precision", "float32"], "mixed_float16", has_gpu=True) == 0.1
+    assert capsys.readouterr().out == ""
+    # What the command line says wins, and a longer budget trains long enough for the paper's dropout.
+    assert dropout(["--dropout", "0.1"], "float32") == 0.1
+    assert dropout(["--set", "dropout=0.2"], "float32") == 0.2
+    assert dropout(["--time-budget", "120"], "float32") == 0.1
+    assert dropout(["--time-budget", "10"], "float32") == 0.0
 
 
 def test_wmt14_example_has_the_papers_recipes(capsys):
