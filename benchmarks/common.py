@@ -163,19 +163,35 @@ def machine_info():
         "cpu_count": os.cpu_count(),
         "load_average_at_start": load_average(),
     }
-    cpu = cpuinfo_value("model name")
-    if cpu is not None:
-        info["cpu"] = cpu
+    info.update(cpu_identity())
     return info
 
 
-def cpuinfo_value(key):
+def cpu_identity(path="/proc/cpuinfo"):
+    """The CPU's model name, family and model number, as far as `path` gives them.
+
+    A virtual machine's model name can be as bare as "AMD EPYC": the family and
+    model numbers tell its generations apart (AMD family 25 is Zen 3 and 4, 26 is Zen 5).
+    """
+    identity = {}
+    cpu = cpuinfo_value("model name", path)
+    if cpu is not None:
+        identity["cpu"] = cpu
+    for key, name in (("cpu family", "cpu_family"), ("model", "cpu_model")):
+        value = cpuinfo_value(key, path)
+        if value is not None and value.isdigit():
+            identity[name] = int(value)
+    return identity
+
+
+def cpuinfo_value(key, path="/proc/cpuinfo"):
     """The first value of `key` in /proc/cpuinfo ("model name", "vendor_id"), or None."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
+                name, colon, value = line.partition(":")
+                if colon and name.strip() == key:
+                    return value.strip()
     except OSError:
         pass
     return None

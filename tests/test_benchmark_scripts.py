@@ -5,6 +5,7 @@
 - `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor, TensorFlow's oneDNN kernels
   where they are not its default.
 - `translate_batching.py`: its candidates, and each one's ratios to the first batch size.
+- `common.py`: the results name the CPU by its model name, family and model number.
 """
 
 import argparse
@@ -121,3 +122,15 @@ def test_results_command_shows_the_kernel_variables_that_were_set():
     assert common.command_line(argv, {"HOME": "/root"}) == "python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3"
     assert common.command_line(argv, {"TF_ENABLE_ONEDNN_OPTS": "1", "CT2_USE_MKL": "1"}) == (
         "TF_ENABLE_ONEDNN_OPTS=1 CT2_USE_MKL=1 python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3")
+
+
+def test_results_tell_cpu_generations_apart_by_family_and_model(tmp_path):
+    import common
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                       "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 26\n")
+    assert common.cpu_identity(cpuinfo) == {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2}
+    assert common.cpuinfo_value("vendor_id", cpuinfo) == "AuthenticAMD"
+    assert common.cpuinfo_value("model", cpuinfo) == "2"  # not "model name"'s value
+    assert common.cpu_identity(tmp_path / "missing") == {}
