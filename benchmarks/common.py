@@ -157,6 +157,8 @@ def load_average():
 
 
 def machine_info():
+    from keras_transformer.training.strategy import cpu_identity
+
     info = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -167,38 +169,10 @@ def machine_info():
     return info
 
 
-def cpu_identity(path="/proc/cpuinfo"):
-    """The CPU's model name, family and model number, as far as `path` gives them.
-
-    A virtual machine's model name can be as bare as "AMD EPYC": the family and
-    model numbers tell its generations apart (AMD family 25 is Zen 3 and 4, 26 is Zen 5).
-    """
-    identity = {}
-    cpu = cpuinfo_value("model name", path)
-    if cpu is not None:
-        identity["cpu"] = cpu
-    for key, name in (("cpu family", "cpu_family"), ("model", "cpu_model")):
-        value = cpuinfo_value(key, path)
-        if value is not None and value.isdigit():
-            identity[name] = int(value)
-    return identity
-
-
-def cpuinfo_value(key, path="/proc/cpuinfo"):
-    """The first value of `key` in /proc/cpuinfo ("model name", "vendor_id"), or None."""
-    try:
-        with open(path) as f:
-            for line in f:
-                name, colon, value = line.partition(":")
-                if colon and name.strip() == key:
-                    return value.strip()
-    except OSError:
-        pass
-    return None
-
-
 def cpu_vendor():
     """`/proc/cpuinfo`'s vendor_id (GenuineIntel, AuthenticAMD), or None."""
+    from keras_transformer.training.strategy import cpuinfo_value
+
     return cpuinfo_value("vendor_id")
 
 

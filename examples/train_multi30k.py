@@ -166,14 +166,10 @@ def training_args(namespace, native_precision=None, has_gpu=None):
 
 
 def machine():
-    """The CPU the demo ran on, as its figures should be quoted: model, cores, bfloat16 features."""
-    from keras_transformer.training.strategy import cpu_flags
+    """The CPU the demo ran on, as its figures should be quoted: model, family, cores, bfloat16 features."""
+    from keras_transformer.training.strategy import cpu_flags, cpu_identity
 
-    cpu = None
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    return dict(cpu=cpu, cpu_count=os.cpu_count(), load_average=list(os.getloadavg()),
+    return dict(**cpu_identity(), cpu_count=os.cpu_count(), load_average=list(os.getloadavg()),
                 flags=sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
 
 

@@ -5,7 +5,7 @@
 - `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor, TensorFlow's oneDNN kernels
   where they are not its default.
 - `translate_batching.py`: its candidates, and each one's ratios to the first batch size.
-- `common.py`: the results name the CPU by its model name, family and model number.
+- `common.py`: the results name the CPU by its model name, family and model number (`strategy.cpu_identity`).
 """
 
 import argparse
@@ -124,13 +124,10 @@ def test_results_command_shows_the_kernel_variables_that_were_set():
         "TF_ENABLE_ONEDNN_OPTS=1 CT2_USE_MKL=1 python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3")
 
 
-def test_results_tell_cpu_generations_apart_by_family_and_model(tmp_path):
+def test_results_name_the_cpu_by_its_family_and_model():
     import common
 
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
-                       "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 26\n")
-    assert common.cpu_identity(cpuinfo) == {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2}
-    assert common.cpuinfo_value("vendor_id", cpuinfo) == "AuthenticAMD"
-    assert common.cpuinfo_value("model", cpuinfo) == "2"  # not "model name"'s value
-    assert common.cpu_identity(tmp_path / "missing") == {}
+    from keras_transformer.training.strategy import cpu_identity
+
+    info = common.machine_info()
+    assert {key: info[key] for key in cpu_identity()} == cpu_identity()

@@ -326,6 +326,18 @@ def test_auto_precision_follows_the_cpus_bfloat16_support(tmp_path, flags, expec
     assert training_strategy.auto_precision(str(tmp_path / "missing"), gpu_capabilities=())[0] == "float32"
 
 
+def test_cpu_identity_tells_cpu_generations_apart_by_family_and_model(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                       "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 26\n")
+    assert training_strategy.cpu_identity(cpuinfo) == {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2}
+    assert training_strategy.cpuinfo_value("vendor_id", cpuinfo) == "AuthenticAMD"
+    assert training_strategy.cpuinfo_value("model", cpuinfo) == "2"  # not "model name"'s value
+    assert training_strategy.cpu_flags(cpuinfo) == {"fpu", "avx2"}
+    assert training_strategy.cpu_identity(tmp_path / "missing") == {}
+    assert training_strategy.cpu_flags(tmp_path / "missing") == set()
+
+
 @pytest.mark.parametrize(
     "environ, expected",
     [
@@ -660,6 +672,7 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     assert saved["command"].startswith("python examples/train_multi30k.py --preset tiny")
     assert saved["training"]["max_steps"] == 6 and saved["epochs"] > 0
     assert saved["machine"]["cpu_count"] == os.cpu_count() and "flags" in saved["machine"]
+    assert {key: saved["machine"][key] for key in training_strategy.cpu_identity()} == training_strategy.cpu_identity()
     assert saved["wall_seconds"] >= saved["train_seconds"] > 0 and saved["peak_rss_mb"] > 100
     assert saved["versions"]["tensorflow"]
     # The run trained with the demo's dropout for this CPU: 0 in float32, the paper's 0.1 in native bfloat16.

@@ -47,16 +47,40 @@ ONEDNN_ISAS_WITHOUT_BFLOAT16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_
                                 "AVX512_CORE_VNNI")
 
 
-def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
-    """The CPU's feature flags (a set of str; empty where /proc/cpuinfo does not exist)."""
+def cpuinfo_value(key, cpuinfo_path="/proc/cpuinfo"):
+    """The first value of `key` in /proc/cpuinfo ("flags", "model name", "vendor_id"), or None."""
     try:
         with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                name, colon, value = line.partition(":")
+                if colon and name.strip() == key:
+                    return value.strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
+    """The CPU's feature flags (a set of str; empty where /proc/cpuinfo does not exist)."""
+    return set((cpuinfo_value("flags", cpuinfo_path) or "").split())
+
+
+def cpu_identity(cpuinfo_path="/proc/cpuinfo"):
+    """The CPU's model name, family and model number, as far as /proc/cpuinfo gives them.
+
+    A virtual machine's model name can be as bare as "AMD EPYC": the family and
+    model numbers tell its generations apart (AMD family 25 is Zen 3 and 4, 26 is
+    Zen 5), and with them how far a time budget gets.
+    """
+    identity = {}
+    cpu = cpuinfo_value("model name", cpuinfo_path)
+    if cpu is not None:
+        identity["cpu"] = cpu
+    for key, name in (("cpu family", "cpu_family"), ("model", "cpu_model")):
+        value = cpuinfo_value(key, cpuinfo_path)
+        if value is not None and value.isdigit():
+            identity[name] = int(value)
+    return identity
 
 
 def gpu_compute_capabilities():
