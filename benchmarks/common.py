@@ -303,6 +303,27 @@ def cpu_flags():
     return sorted(all_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
 
 
+def results_folder(cpuinfo_path="/proc/cpuinfo"):
+    """The folder under benchmarks/results for this machine's figures, named as the committed ones are.
+
+    Intel CPUs by their fast precision: "avx512_bf16" (where the AMX Xeon's
+    figures are) or "avx2". AMD CPUs by generation where precision does not
+    tell them apart: "amd_epyc_zen5" for family 26 (Zen 5, which trains the
+    demo ~1.8x as fast as the earlier AVX512_BF16 EPYC, whose figures are in
+    "amd_epyc_avx512_bf16"), else "amd_epyc_avx512_bf16" or "amd_epyc_avx2"
+    ("amd_..." for a CPU not named EPYC).
+    """
+    from keras_transformer.training.strategy import cpu_flags as all_flags
+    from keras_transformer.training.strategy import cpu_identity, cpuinfo_value
+
+    precision = "avx512_bf16" if "avx512_bf16" in all_flags(cpuinfo_path) else "avx2"
+    if cpuinfo_value("vendor_id", cpuinfo_path) != "AuthenticAMD":
+        return precision
+    identity = cpu_identity(cpuinfo_path)
+    prefix = "amd_epyc" if "EPYC" in identity.get("cpu", "") else "amd"
+    return f"{prefix}_zen5" if identity.get("cpu_family") == 26 else f"{prefix}_{precision}"
+
+
 # Environment variables that choose the kernels a run measures; the command shows those that are set.
 KERNEL_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "CT2_USE_MKL")
 

@@ -327,8 +327,7 @@ def main(argv=None):
             command = args.command or ("python " + " ".join(trial_command(name)) if name in TRIALS else None)
             score(name, run_dir, command=command, only_final=args.only_final)
     else:
-        target = args.json or os.path.join(common.ROOT, "benchmarks", "results",
-                                           "avx512_bf16" if "avx512_bf16" in common.cpu_flags() else "avx2",
+        target = args.json or os.path.join(common.ROOT, "benchmarks", "results", common.results_folder(),
                                            "recipe_trials.json")
         notes = _previous_notes(target)
         notes.update(item.partition("=")[::2] for item in args.note)

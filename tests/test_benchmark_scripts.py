@@ -5,7 +5,8 @@
 - `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor, TensorFlow's oneDNN kernels
   where they are not its default.
 - `translate_batching.py`: its candidates, and each one's ratios to the first batch size.
-- `common.py`: the results name the CPU by its model name, family and model number (`strategy.cpu_identity`).
+- `common.py`: the results name the CPU by its model name, family and model number (`strategy.cpu_identity`),
+  and a machine's default results folder is the one its kind of CPU already has.
 """
 
 import argparse
@@ -131,3 +132,29 @@ def test_results_name_the_cpu_by_its_family_and_model():
 
     info = common.machine_info()
     assert {key: info[key] for key in cpu_identity()} == cpu_identity()
+
+
+@pytest.mark.parametrize("vendor, model_name, family, flags, folder", [
+    ("GenuineIntel", "Intel(R) Xeon(R) Processor", 6, "avx2 avx512f avx512_bf16 amx_bf16", "avx512_bf16"),
+    ("GenuineIntel", "Intel(R) Xeon(R) Processor", 6, "avx2 avx512f", "avx2"),
+    ("AuthenticAMD", "AMD EPYC", 26, "avx2 avx512f avx512_bf16", "amd_epyc_zen5"),
+    ("AuthenticAMD", "AMD EPYC", 25, "avx2 avx512f avx512_bf16", "amd_epyc_avx512_bf16"),
+    ("AuthenticAMD", "AMD EPYC 7B13", 25, "avx2", "amd_epyc_avx2"),
+    ("AuthenticAMD", "AMD Ryzen 9 9950X", 26, "avx2 avx512_bf16", "amd_zen5"),
+])
+def test_results_folder_is_the_one_of_the_cpus_kind(tmp_path, vendor, model_name, family, flags, folder):
+    import common
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 2\n"
+                       f"model name\t: {model_name}\nflags\t\t: fpu sse2 {flags}\n\n")
+    assert common.results_folder(str(cpuinfo)) == folder
+    # The folders the committed results use exist for the kinds measured so far.
+    if model_name in ("Intel(R) Xeon(R) Processor", "AMD EPYC") and "avx512_bf16" in flags:
+        assert (ROOT / "benchmarks" / "results" / folder).is_dir()
+
+
+def test_results_folder_without_cpuinfo_is_avx2(tmp_path):
+    import common
+
+    assert common.results_folder(str(tmp_path / "missing")) == "avx2"
