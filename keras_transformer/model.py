@@ -231,9 +231,13 @@ class Transformer(keras.Model):
         )
         return (self.step_logits(y, cache) if project else y), cache
 
-    def step_logits(self, decoder_output, cache):
-        """Float32 logits `[..., vocab_size]` of `decode_step(..., project=False)`'s output (§3.4's projection)."""
-        return self._logits(decoder_output, transposed_kernel=cache.get("shared", {}).get("output_kernel"))
+    def step_logits(self, decoder_output, cache, dtype="float32"):
+        """The logits `[..., vocab_size]` of `decode_step(..., project=False)`'s output (§3.4's projection).
+
+        In float32, or in `dtype`; None keeps the compute dtype (the search
+        takes bfloat16 logits as they are, see `top_allowed_tokens`).
+        """
+        return self._logits(decoder_output, dtype, transposed_kernel=cache.get("shared", {}).get("output_kernel"))
 
     # Training setup --------------------------------------------------------------------
 

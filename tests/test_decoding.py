@@ -457,6 +457,71 @@ def test_blocked_top_k_equals_top_k(vocab_size, k):
     assert all(len(set(row)) == k for row in ids.numpy().reshape(-1, k))
 
 
+@pytest.mark.parametrize("vocab_size, k", [(8000, 10), (8000, 8), (1200, 9), (7919, 10)])
+def test_strided_top_k_equals_top_k_in_bfloat16(vocab_size, k):
+    """The strided-block top-k of bfloat16 logits is exact in the values, also with ties, and its ids point at them."""
+    from keras_transformer.decoding.tokens import strided_top_k
+
+    rng = np.random.default_rng(vocab_size + k)
+    x = np.round(rng.normal(size=(3, 4, vocab_size)) * 4).astype("float32")  # many ties
+    x[0, 0, -k:] = 100.0  # the top k in the last strided blocks
+    x[1, 2, ::97] = 50.0  # many equal maxima, spread over the blocks
+    x_bf16 = tf.constant(x, tf.bfloat16)
+    values, ids = strided_top_k(x_bf16, k)
+    assert values.dtype == tf.bfloat16
+    expected, _ = tf.math.top_k(x, k)
+    np.testing.assert_array_equal(tf.cast(values, tf.float32).numpy(), expected.numpy())
+    np.testing.assert_array_equal(np.take_along_axis(x, ids.numpy(), axis=-1), expected.numpy())
+    assert all(len(set(row)) == k for row in ids.numpy().reshape(-1, k))
+
+
+def test_top_allowed_tokens_of_bfloat16_logits_match_float32():
+    """bfloat16 logits: the same allowed tokens (up to ties), float32 log-probabilities within 0.02 of a float32
+    log-softmax of the same logits; pad never, the end token not before `min_length`."""
+    from keras_transformer.decoding.tokens import top_allowed_tokens
+
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(6, 4, 8000)) * 2.5).astype("float32")
+    x[..., 10:15] += rng.uniform(4, 12, size=(6, 4, 5)).astype("float32")
+    x[..., 0] = x[..., EOS] = 30.0  # both forbidden below, both the most probable
+    x = tf.cast(tf.constant(x, tf.bfloat16), tf.float32).numpy()  # values a bfloat16 logit can take
+    log_probs, ids = top_allowed_tokens(tf.constant(x, tf.bfloat16), 8, 0, 2, EOS)
+    assert log_probs.dtype == tf.float32
+    expected_log_probs, expected_ids = top_allowed_tokens(tf.constant(x), 8, 0, 2, EOS)
+    reference = tf.nn.log_softmax(x).numpy()
+    assert not np.isin(ids.numpy(), [0, EOS]).any()  # pad (0) and the end token
+    np.testing.assert_array_equal(np.take_along_axis(x, ids.numpy(), -1), np.take_along_axis(x, expected_ids.numpy(), -1))
+    np.testing.assert_allclose(log_probs.numpy(), np.take_along_axis(reference, ids.numpy(), -1), atol=0.02)
+    np.testing.assert_allclose(expected_log_probs.numpy(), np.take_along_axis(reference, expected_ids.numpy(), -1),
+                               atol=1e-5)
+
+
+def test_bfloat16_search_takes_its_logits_in_bfloat16(monkeypatch):
+    """In a plain graph a bfloat16 model's beam search projects to bfloat16 logits and searches them as they are;
+    each sentence decodes in a batch as it does alone."""
+    from keras_transformer.decoding import tokens
+
+    seen = []
+    original = tokens.strided_top_k
+
+    def spy(x, k):
+        seen.append(x.dtype)
+        return original(x, k)
+
+    monkeypatch.setattr(tokens, "strided_top_k", spy)
+    model = tiny_model(1200)  # a vocabulary large enough for blocks (`block_size`)
+    bf16 = Transformer(model.config, dtype="bfloat16")
+    bf16.set_weights(model.get_weights())
+    sources = padded([[5, 6, 7, 8], [9, 10], [11, 12, 13]])
+    ids, scores = beam_search(bf16, sources, beam_size=4, max_length=6)
+    assert seen and set(seen) == {tf.bfloat16}
+    assert scores.dtype == tf.float32
+    for b, length in enumerate((4, 2, 3)):
+        alone_ids, alone_scores = beam_search(bf16, sources[b : b + 1, :length], beam_size=4, max_length=6)
+        assert unpad(ids[b]) == unpad(alone_ids[0])
+        np.testing.assert_allclose(scores[b], alone_scores[0], atol=1e-3)
+
+
 def test_length_penalty_formula():
     np.testing.assert_allclose(length_penalty(1, 0.6), 1.0)
     np.testing.assert_allclose(length_penalty(7, 0.6), 2.0**0.6, rtol=1e-6)
@@ -559,7 +624,7 @@ class ProjectionCountingModel(ScriptedModel):
                                             self_attention_mask)
         return (self.step_logits(logits, cache) if project else logits), cache
 
-    def step_logits(self, decoder_output, cache):
+    def step_logits(self, decoder_output, cache, dtype="float32"):
         self.projected_rows.assign_add(tf.reduce_prod(tf.shape(decoder_output)[:-1]))
         return decoder_output
 

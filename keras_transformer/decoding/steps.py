@@ -69,13 +69,19 @@ class _CachedStep:
 
         `rows [B, K]`: only those hypotheses need candidates
         (`top_allowed_tokens_of_rows`); with a model that projects its
-        decoder output on its own (`step_logits`), only they are projected.
+        decoder output on its own (`step_logits`), only they are projected,
+        to logits in its compute dtype (`top_allowed_tokens` takes bfloat16
+        logits as they are).
         """
-        projects = rows is not None and hasattr(self.model, "step_logits")
-        output, state = (self.first(token_ids, state, project=not projects) if first
-                         else self(i, token_ids, state, project=not projects))
         # `step_logits` reads the output matrix from the shared entries only.
-        to_logits = (lambda hidden: self.model.step_logits(hidden, self.shared)) if projects else None
+        to_logits = None
+        if hasattr(self.model, "step_logits"):
+            def to_logits(hidden):
+                return self.model.step_logits(hidden, self.shared, dtype=None)
+        if first:  # projects its one row per sentence before copying it
+            logits, state = self.first(token_ids, state, to_logits=to_logits)
+            return (*_top_tokens(logits, None, rows, count, i, min_length, eos_id), state)
+        output, state = self(i, token_ids, state, project=to_logits is None)
         return (*_top_tokens(output, to_logits, rows, count, i, min_length, eos_id), state)
 
     def __call__(self, i, token_ids, state, project=True):
@@ -126,8 +132,10 @@ class _CachedStep:
         """
         return self.growing
 
-    def first(self, token_ids, state, project=True):
+    def first(self, token_ids, state, to_logits=None):
         """Step 0, like `__call__(0, ...)`, computing one hypothesis per sentence instead of K.
+
+        `to_logits`: projects the decoder output (`model.step_logits`) instead of `decode_step`.
 
         At step 0 all K hypotheses of a sentence feed the start token at
         position 0, so their logits and cache rows are equal: one is computed
@@ -144,7 +152,9 @@ class _CachedStep:
         logits, cache = self.model.decode_step(start, sentences["memory"], sentences["source_ids"],
                                                self._decoder_cache(self_cache, sentences), 0,
                                                positions=tf.zeros([1], tf.int32), self_attention_mask=mask,
-                                               **_projection_option(project))
+                                               **_projection_option(to_logits is None))
+        if to_logits is not None:
+            logits = to_logits(logits)
         # The K slots of step 0 all hold the one computed row.
         self_cache = tf.nest.map_structure(lambda t: tf.tile(t, [1, 1, k, 1]), cache["self"])
         return tf.tile(logits, [1, k, 1]), (self_cache, self._own_slots_at(0, ancestry), sentences)
@@ -202,9 +212,9 @@ def _projection_option(project):
 
 def _top_tokens(output, to_logits, rows, count, i, min_length, eos_id):
     """`top_allowed_tokens` of a step's logits (`to_logits` None) or decoder output, for `rows` only if given."""
-    if rows is None:
-        return top_allowed_tokens(output, count, i, min_length, eos_id)
     to_logits = to_logits or (lambda logits: logits)
+    if rows is None:
+        return top_allowed_tokens(to_logits(output), count, i, min_length, eos_id)
     return top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id)
 
 
