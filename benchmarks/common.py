@@ -169,11 +169,11 @@ def machine_info():
     return info
 
 
-def cpu_vendor():
+def cpu_vendor(cpuinfo_path="/proc/cpuinfo"):
     """`/proc/cpuinfo`'s vendor_id (GenuineIntel, AuthenticAMD), or None."""
     from keras_transformer.training.strategy import cpuinfo_value
 
-    return cpuinfo_value("vendor_id")
+    return cpuinfo_value("vendor_id", cpuinfo_path)
 
 
 def package_versions(names):
@@ -296,11 +296,11 @@ def results_payload(results: List[Result], units: List[str]):
     return payload
 
 
-def cpu_flags():
+def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
     """The CPU features that decide which precision is fast here (what a figure's machine is named by)."""
     from keras_transformer.training.strategy import cpu_flags as all_flags
 
-    return sorted(all_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
+    return sorted(all_flags(cpuinfo_path) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
 
 
 def results_folder(cpuinfo_path="/proc/cpuinfo"):
@@ -313,11 +313,10 @@ def results_folder(cpuinfo_path="/proc/cpuinfo"):
     "amd_epyc_avx512_bf16"), else "amd_epyc_avx512_bf16" or "amd_epyc_avx2"
     ("amd_..." for a CPU not named EPYC).
     """
-    from keras_transformer.training.strategy import cpu_flags as all_flags
-    from keras_transformer.training.strategy import cpu_identity, cpuinfo_value
+    from keras_transformer.training.strategy import cpu_identity
 
-    precision = "avx512_bf16" if "avx512_bf16" in all_flags(cpuinfo_path) else "avx2"
-    if cpuinfo_value("vendor_id", cpuinfo_path) != "AuthenticAMD":
+    precision = "avx512_bf16" if "avx512_bf16" in cpu_flags(cpuinfo_path) else "avx2"
+    if cpu_vendor(cpuinfo_path) != "AuthenticAMD":
         return precision
     identity = cpu_identity(cpuinfo_path)
     prefix = "amd_epyc" if "EPYC" in identity.get("cpu", "") else "amd"

@@ -143,11 +143,11 @@ def strided_top_k(x, k):
     it may return other indices than `tf.math.top_k`, which returns the lowest.
     Without blocks (`strided_blocks` None) it is `tf.math.top_k` in float32.
     """
-    vocab_size = x.shape[-1]
-    if strided_blocks(vocab_size, k) is None:
+    sizes = strided_blocks(x.shape[-1], k)
+    if sizes is None:
         values, ids = tf.math.top_k(tf.cast(x, tf.float32), k=k)
         return tf.cast(values, x.dtype), ids
-    block, num_blocks = strided_blocks(vocab_size, k)
+    block, num_blocks = sizes
     rows, beams = tf.shape(x)[0], tf.shape(x)[1]
     blocks = tf.reshape(x, [rows * beams, block, num_blocks])  # [R*K, block, NB]: column j is block j
     maxima = tf.nn.max_pool1d(blocks, ksize=block, strides=block, padding="VALID")[:, 0]  # [R*K, NB]
