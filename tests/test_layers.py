@@ -19,6 +19,7 @@ from keras_transformer.layers import (
     SharedEmbedding,
     sinusoidal_encoding,
 )
+from keras_transformer.layers.position_wise import position_wise_matmul
 
 
 def numpy_multi_head_attention(layer, query, memory, mask=None):
@@ -292,6 +293,39 @@ def test_feed_forward_keeps_unknown_leading_axes_in_a_graph():
     assert traced.get_concrete_function().structured_outputs.shape.as_list() == [None, None, 4]
     x = np.random.default_rng(8).normal(size=(3, 5, 4)).astype("float32")
     np.testing.assert_allclose(np.asarray(traced(x)), np.asarray(layer(x)), atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(5, 4), (2, 3, 4), (2, 3, 2, 4), (0, 3, 4), (1, 0, 4)], ids=str)
+def test_position_wise_matmul_equals_matmul_at_every_position(shape):
+    x = np.random.default_rng(9).normal(size=shape).astype("float32")
+    kernel = np.random.default_rng(10).normal(size=(4, 3)).astype("float32")
+    out = np.asarray(position_wise_matmul(ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)))
+    assert out.shape == shape[:-1] + (3,)
+    np.testing.assert_allclose(out, x @ kernel, atol=1e-5)
+    # Heads merged: [B, T, N, H] @ [N*H, E], as multi-head attention's W^O.
+    heads = x.reshape(shape[:-1] + (2, 2))
+    merged = np.asarray(position_wise_matmul(ops.convert_to_tensor(heads), ops.convert_to_tensor(kernel), 2))
+    np.testing.assert_allclose(merged, x @ kernel, atol=1e-5)
+
+
+@pytest.mark.parametrize("signature, shape_ops", [([None, 4, 8], False), ([2, None, 8], False),
+                                                  ([None, None, 8], True), ([None, 0, 8], True)], ids=str)
+def test_position_wise_matmul_reads_shapes_only_when_two_axes_are_unknown(signature, shape_ops):
+    """One unknown axis is left to the reshape (-1): in a decoding step's `[B, K, D]` no shape ops run."""
+    import tensorflow as tf
+
+    kernel = tf.constant(np.random.default_rng(11).normal(size=(8, 3)).astype("float32"))
+    traced = tf.function(lambda x: position_wise_matmul(x, kernel), input_signature=[tf.TensorSpec(signature)])
+    graph = traced.get_concrete_function().graph
+    assert any(op.type == "Shape" for op in graph.get_operations()) == shape_ops
+    assert not any(op.type == "Prod" for op in graph.get_operations())  # no tf.tensordot
+    for shape in ([3, 4, 8], [0, 4, 8]) if signature[1] == 4 else ([2, 5, 8], [2, 0, 8]):
+        if signature[1] == 0:
+            shape = [shape[0], 0, 8]
+        x = np.random.default_rng(12).normal(size=shape).astype("float32")
+        out = np.asarray(traced(x))
+        assert out.shape == tuple(shape[:-1]) + (3,)
+        np.testing.assert_allclose(out, x @ np.asarray(kernel), atol=1e-5)
 
 
 def test_post_ln_and_pre_ln_encoder_layers_follow_their_formulas():

@@ -17,6 +17,7 @@ from keras_transformer import compat
 
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.initialization import initializer_for_weight
+from keras_transformer.layers.position_wise import leading_shape, position_wise_matmul
 
 # Added to the logits of masked positions. Finite, so that a row with every key
 # masked gives a uniform distribution instead of NaN.
@@ -189,14 +190,13 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _project(self, x, kernel, bias, head_dim):
         """`[B, T, D] -> [B, N, T, H]`."""
-        y = ops.matmul(x, kernel)
+        y = position_wise_matmul(x, kernel)
         if bias is not None:
             y = y + bias
         return self._split_heads(y, head_dim)
 
     def _split_heads(self, y, head_dim):
-        batch, length = ops.shape(y)[0], ops.shape(y)[1]
-        y = ops.reshape(y, (batch, length, self.num_heads, head_dim))
+        y = ops.reshape(y, leading_shape(y) + (self.num_heads, head_dim))
         return ops.transpose(y, (0, 2, 1, 3))
 
     def input_projection(self, self_attention=True):
@@ -229,7 +229,7 @@ class MultiHeadAttention(keras.layers.Layer):
     def _project_qkv(self, x, projection=None):
         """Self-attention: one fused matmul for W^Q (scaled), W^K and W^V."""
         projection = projection or self.input_projection(self_attention=True)
-        qkv = ops.matmul(x, projection["kernel"])
+        qkv = position_wise_matmul(x, projection["kernel"])
         if projection["bias"] is not None:
             qkv = qkv + projection["bias"]
         nk = self.num_heads * self.key_dim
@@ -377,9 +377,7 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask, use_causal_mask, ops.shape(q)[2], ops.shape(k)[2], offset
         )
         context, weights = self._attend(q, k, v, mask, training)  # [B, T, N, d_v]
-        batch, length = ops.shape(context)[0], ops.shape(context)[1]
-        context = ops.reshape(context, (batch, length, self.num_heads * self.value_dim))
-        output = ops.matmul(context, self.output_kernel)
+        output = position_wise_matmul(context, self.output_kernel, merged_axes=2)  # Concat(heads) W^O
         if self.output_bias is not None:
             output = output + self.output_bias
         if poison is not None:  # NaN if the cache had no room for these positions

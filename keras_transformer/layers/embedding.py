@@ -12,6 +12,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.initialization import initializer_for_weight
+from keras_transformer.layers.position_wise import position_wise_matmul
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -98,7 +99,7 @@ class SharedEmbedding(keras.layers.Layer):
         8000, by a materialized one 10 ms.
         """
         kernel = self.transposed_kernel() if transposed_kernel is None else transposed_kernel
-        return ops.matmul(ops.cast(x, self.compute_dtype), kernel)
+        return position_wise_matmul(ops.cast(x, self.compute_dtype), kernel)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)
