@@ -262,16 +262,19 @@ class MultiHeadAttention(keras.layers.Layer):
 
     # Attention -----------------------------------------------------------------
 
-    def _merge_masks(self, attention_mask, use_causal_mask, query_length, key_length, offset):
-        """The one place masks are combined. Returns bool `[B|1, 1, T, S]` or None."""
+    def _merge_masks(self, attention_mask, use_causal_mask, q, k, offset):
+        """The one place masks are combined, for queries `q [B, N, T, H]` and keys `k [B, N, S, H]`.
+
+        Returns bool `[B|1, 1, T, S]` or None.
+        """
         mask = None
         if attention_mask is not None:
             mask = ops.cast(attention_mask, "bool")
             if len(mask.shape) == 2:  # [B, S]: key padding
                 mask = mask[:, None, :]
             mask = mask[:, None, :, :]  # [B, 1, T|1, S]
-        if use_causal_mask:
-            causal = causal_mask(query_length, key_length, offset)[:, None, :, :]
+        if use_causal_mask:  # the lengths read only here: unused shape ops would still be traced
+            causal = causal_mask(ops.shape(q)[2], ops.shape(k)[2], offset)[:, None, :, :]
             mask = causal if mask is None else ops.logical_and(mask, causal)
         return mask
 
@@ -373,9 +376,7 @@ class MultiHeadAttention(keras.layers.Layer):
             else:
                 k, v = self.compute_key_value(key_value)
 
-        mask = self._merge_masks(
-            attention_mask, use_causal_mask, ops.shape(q)[2], ops.shape(k)[2], offset
-        )
+        mask = self._merge_masks(attention_mask, use_causal_mask, q, k, offset)
         context, weights = self._attend(q, k, v, mask, training)  # [B, T, N, d_v]
         output = position_wise_matmul(context, self.output_kernel, merged_axes=2)  # Concat(heads) W^O
         if self.output_bias is not None:

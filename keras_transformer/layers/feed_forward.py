@@ -4,10 +4,9 @@
 """
 
 import keras
-from keras import ops
 
 from keras_transformer.layers.initialization import initializer_for_weight
-from keras_transformer.layers.position_wise import leading_shape
+from keras_transformer.layers.position_wise import apply_to_rows
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -71,9 +70,7 @@ class FeedForward(keras.layers.Layer):
         # rows: a 2-D matmul lets TensorFlow's oneDNN rewrite fuse the bias
         # and ReLU into it (no separate BiasAdd and Relu passes), which a
         # rank-3 input's reshape between the ops prevents.
-        rows = ops.reshape(inputs, (-1, inputs.shape[-1]))
-        outputs = self.outer(self.inner(rows))
-        return ops.reshape(outputs, leading_shape(inputs) + (outputs.shape[-1],))
+        return apply_to_rows(lambda rows: self.outer(self.inner(rows)), inputs)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)

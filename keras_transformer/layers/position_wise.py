@@ -1,22 +1,24 @@
-"""Position-wise matrix products: `[..., D] @ [D, E]` as one 2-D matmul over the rows.
+"""Position-wise maps: `[..., D] -> [..., E]` computed on the `[B*T, D]` rows at once.
 
 Every projection of the Transformer (W^Q, W^K, W^V, W^O of §3.2.2, the two
 maps of §3.3, the pre-softmax projection of §3.4) acts on each position
-separately, so it can multiply the `[B*T, D]` rows at once. Written that
-way rather than as `keras.ops.matmul` of a rank-3 tensor, which TensorFlow
-runs as `tf.tensordot`: that reads the input's shape at run time with about
-ten small ops around each matmul. In a decoding step -- a while loop of
-about a thousand ops per step on small batches -- those ops are a cost of
-their own; here a shape known but for one axis needs none (`leading_shape`).
-A 2-D matmul is also what TensorFlow's oneDNN rewrite fuses with a bias and
-ReLU.
+separately, so it can multiply the rows of all positions as one 2-D matmul.
+Written that way rather than as `keras.ops.matmul` of a rank-3 tensor,
+which TensorFlow runs as `tf.tensordot`: that reads the input's shape at run
+time with about ten small ops around each matmul. In a decoding step -- a
+while loop of about a thousand ops per step on small batches -- those ops
+are a cost of their own; here a shape known but for one axis needs none
+(`leading_shape`). A 2-D matmul is also what TensorFlow's oneDNN rewrite
+fuses with a bias and ReLU.
 """
+
+import math
 
 from keras import ops
 
 
 def leading_shape(x, merged_axes=1):
-    """`x`'s shape without its last `merged_axes` axes, as a reshape target.
+    """`x`'s shape without its last `merged_axes` axes (the features), as a reshape target.
 
     Static sizes as ints; when only one size is unknown, -1 for it (the
     reshape infers it: no shape ops in the graph); otherwise the unknown
@@ -31,13 +33,45 @@ def leading_shape(x, merged_axes=1):
     return tuple(dynamic[axis] if size is None else size for axis, size in enumerate(static))
 
 
-def position_wise_matmul(x, kernel, merged_axes=1):
-    """`x [..., D] @ kernel [D, E] -> [..., E]`, as one matmul of the rows `[prod(...), D]`.
+def apply_to_rows(fn, x, merged_axes=1):
+    """`fn` applied to the rows of `x [..., *F]`: `fn([prod(...), prod(F)]) -> [R, E]`, returned as `[..., E]`.
 
-    `merged_axes`: how many trailing axes of `x` make up D (2 for the heads
-    of a `[B, T, N, H]` attention output, D = N*H).
+    `merged_axes`: how many trailing axes of `x` are features (2 for the heads
+    of a `[B, T, N, H]` attention output); their sizes must be known.
     """
-    if len(x.shape) == 2 and merged_axes == 1:
+    features = tuple(x.shape[-merged_axes:])
+    if None in features:
+        raise ValueError(f"The last {merged_axes} axes of a position-wise input must have known sizes, got shape "
+                         f"{tuple(x.shape)}.")
+    outputs = fn(ops.reshape(x, (-1, math.prod(features))))
+    return ops.reshape(outputs, leading_shape(x, merged_axes) + (outputs.shape[-1],))
+
+
+def position_wise_matmul(x, kernel, merged_axes=1):
+    """`x [..., D] @ kernel [D, E] -> [..., E]`, as one matmul of the rows `[prod(...), D]` (`apply_to_rows`).
+
+    With `merged_axes=2`, D is the product of `x`'s last two axes (heads
+    concatenated, as before W^O). An input of unknown rank, or with unknown
+    feature sizes, goes to `ops.matmul` as it is (`merged_axes=1` only).
+    """
+    shape = _shape_or_none(x)
+    if shape is None or None in shape[-merged_axes:]:
+        if merged_axes != 1:
+            raise ValueError(f"The last {merged_axes} axes of a position-wise input must have known sizes, got "
+                             f"shape {shape}.")
         return ops.matmul(x, kernel)
-    rows = ops.reshape(x, (-1, kernel.shape[0]))
-    return ops.reshape(ops.matmul(rows, kernel), leading_shape(x, merged_axes) + (kernel.shape[-1],))
+    width = math.prod(shape[-merged_axes:])
+    if kernel.shape[0] is not None and kernel.shape[0] != width:
+        raise ValueError(f"A position-wise matmul of an input of shape {shape} ({width} features in its last "
+                         f"{merged_axes} axes) by a kernel of shape {tuple(kernel.shape)}: the sizes differ.")
+    if len(shape) == 2:  # already rows
+        return ops.matmul(x, kernel)
+    return apply_to_rows(lambda rows: ops.matmul(rows, kernel), x, merged_axes)
+
+
+def _shape_or_none(x):
+    """`x`'s static shape as a tuple, or None if even its rank is unknown."""
+    try:
+        return tuple(x.shape)
+    except ValueError:  # a TensorFlow tensor of unknown rank
+        return None
