@@ -64,8 +64,6 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs):
-        if len(inputs.shape) <= 2:
-            return self.outer(self.inner(inputs))
         # Positions are independent (§3.3), so the two maps run on `[B*T, D]`
         # rows: a 2-D matmul lets TensorFlow's oneDNN rewrite fuse the bias
         # and ReLU into it (no separate BiasAdd and Relu passes), which a

@@ -37,12 +37,12 @@ def apply_to_rows(fn, x, merged_axes=1):
     """`fn` applied to the rows of `x [..., *F]`: `fn([prod(...), prod(F)]) -> [R, E]`, returned as `[..., E]`.
 
     `merged_axes`: how many trailing axes of `x` are features (2 for the heads
-    of a `[B, T, N, H]` attention output); their sizes must be known.
+    of a `[B, T, N, H]` attention output); their sizes must be known. A
+    rank-2 `x` with one feature axis is already rows: `fn(x)`.
     """
-    features = tuple(x.shape[-merged_axes:])
-    if None in features:
-        raise ValueError(f"The last {merged_axes} axes of a position-wise input must have known sizes, got shape "
-                         f"{tuple(x.shape)}.")
+    if len(x.shape) == 2 and merged_axes == 1:
+        return fn(x)
+    features = _known_features(tuple(x.shape), merged_axes)
     outputs = fn(ops.reshape(x, (-1, math.prod(features))))
     return ops.reshape(outputs, leading_shape(x, merged_axes) + (outputs.shape[-1],))
 
@@ -51,22 +51,26 @@ def position_wise_matmul(x, kernel, merged_axes=1):
     """`x [..., D] @ kernel [D, E] -> [..., E]`, as one matmul of the rows `[prod(...), D]` (`apply_to_rows`).
 
     With `merged_axes=2`, D is the product of `x`'s last two axes (heads
-    concatenated, as before W^O). An input of unknown rank, or with unknown
-    feature sizes, goes to `ops.matmul` as it is (`merged_axes=1` only).
+    concatenated, as before W^O). An input of unknown rank, or of unknown
+    width D, goes to `ops.matmul` as it is (`merged_axes=1` only).
     """
     shape = _shape_or_none(x)
-    if shape is None or None in shape[-merged_axes:]:
-        if merged_axes != 1:
-            raise ValueError(f"The last {merged_axes} axes of a position-wise input must have known sizes, got "
-                             f"shape {shape}.")
+    if shape is None or (merged_axes == 1 and shape[-1] is None):
         return ops.matmul(x, kernel)
-    width = math.prod(shape[-merged_axes:])
+    width = math.prod(_known_features(shape, merged_axes))
     if kernel.shape[0] is not None and kernel.shape[0] != width:
         raise ValueError(f"A position-wise matmul of an input of shape {shape} ({width} features in its last "
                          f"{merged_axes} axes) by a kernel of shape {tuple(kernel.shape)}: the sizes differ.")
-    if len(shape) == 2:  # already rows
-        return ops.matmul(x, kernel)
     return apply_to_rows(lambda rows: ops.matmul(rows, kernel), x, merged_axes)
+
+
+def _known_features(shape, merged_axes):
+    """The sizes of the last `merged_axes` axes of `shape` (the features), which must be known."""
+    features = shape[-merged_axes:]
+    if None in features:
+        raise ValueError(f"The last {merged_axes} axes of a position-wise input must have known sizes, got shape "
+                         f"{shape}.")
+    return features
 
 
 def _shape_or_none(x):
