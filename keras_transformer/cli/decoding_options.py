@@ -11,17 +11,27 @@ from keras_transformer.decoding.defaults import (
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
-def add_search_options(parser, early_stopping=True):
-    """--beam, --alpha, --max-extra-length (and --early-stopping)."""
-    parser.add_argument("--beam", type=int, default=DEFAULT_BEAM_SIZE,
-                        help=f"beam size (1 = greedy); default {DEFAULT_BEAM_SIZE} (§6.1)")
-    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                        help=f"length penalty; default {DEFAULT_ALPHA} (§6.1)")
-    parser.add_argument("--max-extra-length", type=int, default=EXTRA_OUTPUT_LENGTH,
-                        help=f"output may exceed the source by this many tokens; default {EXTRA_OUTPUT_LENGTH} (§6.1)")
+def add_search_options(parser, early_stopping=True, keep_recorded=False):
+    """--beam, --alpha, --max-extra-length (and --early-stopping).
+
+    `keep_recorded`: the flags default to None, which the command resolves
+    (export: an exported version's own options, §6.1's for a run).
+    """
+    recorded = " for a run; an exported version's own when re-exporting" if keep_recorded else ""
+
+    def default(value):
+        return None if keep_recorded else value
+
+    parser.add_argument("--beam", type=int, default=default(DEFAULT_BEAM_SIZE),
+                        help=f"beam size (1 = greedy); default {DEFAULT_BEAM_SIZE} (§6.1){recorded}")
+    parser.add_argument("--alpha", type=float, default=default(DEFAULT_ALPHA),
+                        help=f"length penalty; default {DEFAULT_ALPHA} (§6.1){recorded}")
+    parser.add_argument("--max-extra-length", type=int, default=default(EXTRA_OUTPUT_LENGTH),
+                        help=f"output may exceed the source by this many tokens; default {EXTRA_OUTPUT_LENGTH} "
+                             f"(§6.1){recorded}")
     if early_stopping:
-        parser.add_argument("--early-stopping", choices=EARLY_STOPPING, default=DEFAULT_EARLY_STOPPING,
-                            help="exact: stop when no alive hypothesis can win (default); "
+        parser.add_argument("--early-stopping", choices=EARLY_STOPPING, default=default(DEFAULT_EARLY_STOPPING),
+                            help=f"exact: stop when no alive hypothesis can win (default{recorded}); "
                                  "k_finished: stop once beam-size hypotheses ended (faster)")
 
 

@@ -10,14 +10,17 @@ def register(subparsers):
         help="export a run as a SavedModel for TensorFlow Serving (strings in, translations out)",
         description="Writes OUTPUT/<version>/ (saved_model.pb, variables/, assets/spm.model, assets/export.json) "
                     "with a 'serving_default' signature: inputs tf.string [None] -> translations tf.string [None], "
-                    "scores float32 [None]. Prints the version directory.",
+                    "scores float32 [None]. Prints the version directory. Given an exported version instead of a "
+                    "run, writes its model again with this version's graph (its decoding options, precision, "
+                    "training options and scores kept unless given).",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="training run directory")
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="training run directory, or an exported version directory (OUTPUT/<version>) to re-export")
     parser.add_argument("--output", "-o", required=True, help="model base directory, e.g. saved_models/multi30k_en_de")
     parser.add_argument("--version", type=int, default=None,
                         help="version number (default: highest existing + 1, starting at 1)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --version")
-    add_search_options(parser)
+    add_search_options(parser, keep_recorded=True)
     parser.add_argument("--max-input-length", type=int, default=None,
                         help="longer sources are truncated to this many tokens (default: the model's max_length)")
     parser.add_argument("--checkpoint", default=None,
@@ -25,11 +28,12 @@ def register(subparsers):
     parser.add_argument("--n-best", type=int, default=None, metavar="N",
                         help="also export the signature translate_n_best: the N best translations and scores "
                              "of each input, [B, N] (N <= --beam)")
-    parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default="auto",
-                        help="the precision the exported graph computes in; auto (default): bfloat16 where this "
-                             "machine computes it natively (a CPU with AVX512_BF16 or AMX-BF16, GPUs of compute "
-                             "capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs). The choice "
-                             "is this machine's: export with float32 to serve on CPUs without native bfloat16")
+    parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default=None,
+                        help="the precision the exported graph computes in; auto (the default for a run): bfloat16 "
+                             "where this machine computes it natively (a CPU with AVX512_BF16 or AMX-BF16, GPUs of "
+                             "compute capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs). The "
+                             "choice is this machine's: export with float32 to serve on CPUs without native "
+                             "bfloat16. A re-exported version keeps its precision by default")
     parser.set_defaults(func=run)
 
 
@@ -43,7 +47,7 @@ def run(args):
             max_input_length=args.max_input_length, checkpoint=args.checkpoint,
             early_stopping=args.early_stopping, dtype=args.precision, n_best=args.n_best,
         )
-    except (FileExistsError, FileNotFoundError) as error:
+    except (FileExistsError, FileNotFoundError, ValueError) as error:
         raise SystemExit(f"export: {error}") from None
     print(path)
     return 0

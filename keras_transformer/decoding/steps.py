@@ -78,9 +78,10 @@ class _CachedStep:
         if hasattr(self.model, "step_logits"):
             def to_logits(hidden):
                 return self.model.step_logits(hidden, self.shared, dtype=None)
-        if first:  # projects its one row per sentence before copying it
-            logits, state = self.first(token_ids, state, to_logits=to_logits)
-            return (*_top_tokens(logits, None, rows, count, i, min_length, eos_id), state)
+        if first:  # searches its one row per sentence, then copies the few candidates, not the logits
+            logits, state = self.first(token_ids, state, to_logits=to_logits)  # [B, 1, V]
+            log_probs, ids = _top_tokens(logits, None, rows, count, i, min_length, eos_id)  # [B, 1, C]
+            return tf.tile(log_probs, [1, self.beam_size, 1]), tf.tile(ids, [1, self.beam_size, 1]), state
         output, state = self(i, token_ids, state, project=to_logits is None)
         return (*_top_tokens(output, to_logits, rows, count, i, min_length, eos_id), state)
 
@@ -133,16 +134,17 @@ class _CachedStep:
         return self.growing
 
     def first(self, token_ids, state, to_logits=None):
-        """Step 0, like `__call__(0, ...)`, computing one hypothesis per sentence instead of K.
+        """Step 0, like `__call__(0, ...)`, computing one hypothesis per sentence instead of K: `(logits [B, 1, V], state)`.
 
         `to_logits`: projects the decoder output (`model.step_logits`) instead of `decode_step`.
 
         At step 0 all K hypotheses of a sentence feed the start token at
-        position 0, so their logits and cache rows are equal: one is computed
-        and copied K times (as CTranslate2 expands its beam after the first
-        step). Only beam 0 is alive then (`_initial_beams`), so the other
-        K - 1 rows could not change the result anyway. Needs the growing
-        cache (`has_first`).
+        position 0, so their logits and cache rows are equal: one is computed,
+        its cache rows copied K times (as CTranslate2 expands its beam after
+        the first step), and its logits returned once, for `top_tokens` to
+        copy the candidates it picks from them. Only beam 0 is alive then
+        (`_initial_beams`), so the other K - 1 rows could not change the
+        result anyway. Needs the growing cache (`has_first`).
         """
         self_cache, ancestry, sentences = state
         k = self.beam_size
@@ -157,7 +159,7 @@ class _CachedStep:
             logits = to_logits(logits)
         # The K slots of step 0 all hold the one computed row.
         self_cache = tf.nest.map_structure(lambda t: tf.tile(t, [1, 1, k, 1]), cache["self"])
-        return tf.tile(logits, [1, k, 1]), (self_cache, self._own_slots_at(0, ancestry), sentences)
+        return logits, (self_cache, self._own_slots_at(0, ancestry), sentences)
 
     @staticmethod
     def reorder(state, parents):

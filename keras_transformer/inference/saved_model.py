@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -75,6 +76,8 @@ __all__ = [
     "OUTPUT_NAMES",
     "ASSET_FILENAME",
     "export_saved_model",
+    "load_export",
+    "is_export_dir",
     "next_version",
     "list_versions",
     "saved_model_ops",
@@ -175,6 +178,56 @@ def check_serving_ops(export_dir):
 # Export ---------------------------------------------------------------------------------
 
 
+def is_export_dir(path):
+    """Whether `path` is one exported version (`saved_model.pb` and `assets/export.json`), not a run directory."""
+    path = os.fspath(path)
+    return os.path.isfile(os.path.join(path, "saved_model.pb")) and os.path.isfile(
+        os.path.join(path, "assets", INFO_FILENAME))
+
+
+def load_export(export_dir, dtype=None):
+    """The model and tokenizer inside an exported version: `(Transformer, Tokenizer, export.json as a dict)`.
+
+    An export's graph is traced once and for all: one written by an older
+    version decodes with that version's search. This rebuilds the
+    `Transformer` that its `export.json` describes, under `dtype` (default
+    the precision it was exported in), and loads the weights its variables
+    hold, so `export_saved_model(export_dir, ...)` writes the same model with
+    this version's graph.
+
+    Raises:
+        ValueError: the export's variables are not the described model's
+            (another number, name or shape).
+    """
+    import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
+
+    from keras_transformer.config import TransformerConfig
+    from keras_transformer.data.tokenizer import Tokenizer
+    from keras_transformer.run_dir import build_model
+
+    export_dir = os.fspath(export_dir)
+    with open(os.path.join(export_dir, "assets", INFO_FILENAME), encoding="utf-8") as f:
+        info = json.load(f)
+    model = build_model(TransformerConfig.from_dict(info["model"]), dtype=dtype or info["precision"])
+    saved = tf.saved_model.load(export_dir).model_variables
+
+    def relative(name):
+        # "transformer_3/encoder/layer_0/.../seed_generator_14/...:0" -> "encoder/layer/.../seed_generator/...":
+        # Keras numbers the names it makes unique (the model's, seed generators'), differently in each process.
+        return re.sub(r"_\d+(?=/|$)", "", name.split(":")[0].split("/", 1)[-1])
+
+    wanted = [(relative(v.path), tuple(v.shape)) for v in model.variables]
+    found = [(relative(v.name), tuple(v.shape)) for v in saved]
+    if wanted != found:
+        mismatch = next((pair for pair in zip(wanted, found) if pair[0] != pair[1]), (len(wanted), len(found)))
+        raise ValueError(f"{export_dir}: its variables are not those of the model its {INFO_FILENAME} describes "
+                         f"(first difference: {mismatch[0]} expected, {mismatch[1]} found).")
+    for variable, value in zip(model.variables, saved):
+        variable.assign(value)
+    model.compile()
+    return model, Tokenizer(os.path.join(export_dir, "assets", ASSET_FILENAME)), info
+
+
 def _make_translator(source, options, checkpoint, dtype):
     """The Translator to export: `source` itself or a copy with other decoding `options`, or a run's."""
     from keras_transformer.inference.translator import Translator
@@ -189,6 +242,15 @@ def _make_translator(source, options, checkpoint, dtype):
             return source
         # Same model and tokenizer, other decoding options.
         return Translator(source.model, source.tokenizer, **{**current, **changes})
+    if isinstance(source, (str, os.PathLike)) and is_export_dir(source):
+        if checkpoint is not None:
+            raise ValueError("checkpoint applies to a run directory, not to an exported SavedModel.")
+        model, tokenizer, info = load_export(source, dtype=dtype)
+        recorded = info.get("decoding", {})  # the export's own decoding options, unless changed
+        defaults = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
+                        max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
+        return Translator(model, tokenizer, **{k: recorded.get(k, defaults[k]) if options[k] is None else options[k]
+                                               for k in names})
     if isinstance(source, (str, os.PathLike)):
         from keras_transformer.run_dir import load_run
 
@@ -199,7 +261,8 @@ def _make_translator(source, options, checkpoint, dtype):
         defaults = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
                         max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
         return Translator(model, tokenizer, **{k: defaults[k] if options[k] is None else options[k] for k in names})
-    raise TypeError(f"source must be a run directory or a Translator, got {type(source).__name__}.")
+    raise TypeError(f"source must be a run directory, an exported version or a Translator, "
+                    f"got {type(source).__name__}.")
 
 
 def _export_info(translator, version, source, n_best=None, metadata=None, precision_choice=None):
@@ -233,7 +296,14 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
         "tensorflow_version": tf.__version__,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, os.PathLike)) and is_export_dir(source):
+        with open(os.path.join(source, "assets", INFO_FILENAME), encoding="utf-8") as f:
+            previous = json.load(f)
+        # The same model: how it was trained and scored stays true; the graph is this version's.
+        info.update({key: previous[key] for key in ("training", "metadata") if key in previous})
+        info["reexported_from"] = {key: previous.get(key) for key in
+                                   ("exported_at", "keras_transformer_version", "tensorflow_version", "source")}
+    elif isinstance(source, (str, os.PathLike)):
         from keras_transformer.run_dir import CONFIG_FILENAME, read_config
 
         training = read_config(source).get("training") if os.path.exists(os.path.join(source, CONFIG_FILENAME)) else None
@@ -252,13 +322,15 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
 
 
 def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=None, max_extra_length=None,
-                       *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype="auto",
+                       *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype=None,
                        n_best=None, metadata=None):
     """Writes a SavedModel for TensorFlow Serving to `output_dir/<version>/`; returns that path.
 
     Args:
-        source: a run directory (loaded with `keras_transformer.run_dir.load_run`)
-            or a `Translator`.
+        source: a run directory (loaded with `keras_transformer.run_dir.load_run`),
+            an exported version directory (`load_export`: re-exports its
+            model with this version's graph, keeping its decoding options,
+            training options and metadata unless given), or a `Translator`.
         output_dir: the model's base directory (TF Serving's `--model_base_path`),
             e.g. `saved_models/multi30k_en_de`; created if needed.
         version: integer version; default: highest existing version + 1 (1 for
@@ -266,25 +338,26 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         beam_size, alpha, max_extra_length, early_stopping: decoding
             options, fixed in the export and recorded in `export.json`.
             None: 4, 0.6, 50 (§6.1) and "exact" for a run directory, the
-            Translator's own for a Translator.
+            recorded ones for an export, the Translator's own for a Translator.
         overwrite: replace an existing `version` instead of raising.
         max_input_length: longest source in tokens (longer ones are truncated);
             default the model's `config.max_length`.
         checkpoint: for a run directory, export this checkpoint (path or
             "latest") instead of the final `model.keras`.
-        dtype: for a run directory, the dtype policy the exported graph
-            computes in: "auto" (default) picks "bfloat16" where this
+        dtype: for a run directory or an export, the dtype policy the
+            exported graph computes in: "auto" picks "bfloat16" where this
             machine computes it natively (a CPU with AVX512_BF16 / AMX-BF16,
             or Ampere+ GPUs), else "float32"
-            (`inference.precision.auto_decoding_precision`); None
-            keeps the model's own. Recorded in `export.json` ("precision",
+            (`inference.precision.auto_decoding_precision`). None (default):
+            "auto" for a run directory, the precision it was exported in for
+            an export. Recorded in `export.json` ("precision",
             and "precision_choice" with the reason for "auto").
         n_best: also export the signature "translate_n_best": inputs
             tf.string [B] -> translations tf.string [B, n_best] and scores
             float32 [B, n_best], best first (n_best at most the beam size).
         metadata: a JSON-serializable dict recorded as `metadata` in the
             export's `assets/export.json` (e.g. the scores and the machine of
-            the run it comes from). The training options of a run directory
+            the run it comes from); an export's own is kept otherwise. The training options of a run directory
             (those of its `config.json`: the first run's; a resume's changes
             are in `resumes.jsonl`) are recorded as `training`.
 
@@ -312,6 +385,8 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
                    max_input_length=max_input_length, early_stopping=early_stopping)
     precision_choice = None
     if isinstance(source, (str, os.PathLike)):  # "auto" resolved once, for the model and for export.json
+        if dtype is None and not is_export_dir(source):
+            dtype = "auto"  # a run's default; an export keeps the precision it records
         dtype, precision_choice = resolve_decoding_precision(dtype)
     translator = _make_translator(source, options, checkpoint, dtype)
     if n_best is not None:

@@ -1,0 +1,99 @@
+"""Re-exporting an exported version with the current code: same model, same options, same answers."""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from keras_transformer import cli
+from keras_transformer.inference.saved_model import export_saved_model, is_export_dir, list_versions, load_export
+from keras_transformer.inference.translator import SavedModelTranslator
+from keras_transformer.run_dir import load_run
+
+SENTENCES = ["A man in an orange hat starring at something.", "Two dogs run on the beach.", "", "People are fixing "
+             "the roof of a house."]
+OPTIONS = dict(beam_size=3, alpha=0.8, max_extra_length=7, early_stopping="k_finished")
+METADATA = {"test2016": {"tok_bleu": 12.5}, "command": "make demo"}
+
+
+def _info(export_dir):
+    with open(os.path.join(export_dir, "assets", "export.json")) as f:
+        return json.load(f)
+
+
+TRAINING = {"preset": "tiny", "batch_tokens": 512}
+
+
+@pytest.fixture(scope="module")
+def first_export(tiny_run_dir, tmp_path_factory):
+    """A float32 export with other decoding options than §6.1's, metadata, and the run's training options."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    shutil.copytree(tiny_run_dir, run)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "training": TRAINING}))
+    base = tmp_path_factory.mktemp("saved_models") / "tiny"
+    return export_saved_model(str(run), str(base), dtype="float32", metadata=METADATA, **OPTIONS)
+
+
+def test_load_export_gives_the_run_model(tiny_run_dir, first_export):
+    assert is_export_dir(first_export) and not is_export_dir(tiny_run_dir)
+    model, tokenizer, info = load_export(first_export)
+    trained, trained_tokenizer = load_run(tiny_run_dir)
+    assert model.dtype_policy.name == info["precision"] == "float32"
+    assert model.config == trained.config
+    assert len(model.weights) == len(trained.weights)
+    for mine, theirs in zip(model.weights, trained.weights):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs), err_msg=mine.path)
+    assert tokenizer.model_proto == trained_tokenizer.model_proto
+
+
+def test_reexport_keeps_options_metadata_and_answers(first_export, tmp_path):
+    again = export_saved_model(first_export, str(tmp_path / "again"))
+    before, after = _info(first_export), _info(again)
+    assert after["decoding"] == before["decoding"]
+    assert {k: after["decoding"][k] for k in OPTIONS} == OPTIONS
+    assert after["precision"] == "float32"
+    assert after["metadata"] == METADATA and after["training"] == before["training"] == TRAINING
+    assert after["reexported_from"]["exported_at"] == before["exported_at"]
+    translations = [SavedModelTranslator(path).translate(SENTENCES, return_scores=True) for path in (first_export, again)]
+    assert translations[0][0] == translations[1][0]
+    np.testing.assert_allclose(translations[0][1], translations[1][1], rtol=1e-5, atol=1e-5)
+
+
+def test_reexport_options_can_change(first_export, tmp_path):
+    again = export_saved_model(first_export, str(tmp_path / "other"), beam_size=2, metadata={"note": "new"})
+    info = _info(again)
+    assert info["decoding"]["beam_size"] == 2 and info["decoding"]["alpha"] == OPTIONS["alpha"]
+    assert info["metadata"] == {"note": "new"}
+
+
+def test_mismatched_variables_are_refused(first_export, tmp_path):
+    broken = str(tmp_path / "1")
+    shutil.copytree(first_export, broken)
+    info = _info(broken)
+    info["model"]["d_ff"] *= 2
+    with open(os.path.join(broken, "assets", "export.json"), "w") as f:
+        json.dump(info, f)
+    with pytest.raises(ValueError, match="variables are not those of the model"):
+        load_export(broken)
+    with pytest.raises(SystemExit, match="variables are not those of the model"):
+        cli.main(["export", broken, "--output", str(tmp_path / "out")])
+
+
+def test_cli_reexports_a_version_in_place(first_export, tmp_path):
+    base = str(tmp_path / "base")
+    shutil.copytree(first_export, os.path.join(base, "1"))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert cli.main(["export", os.path.join(base, "1"), "--output", base, "--version", "1", "--overwrite"]) == 0
+    assert stdout.getvalue().strip().splitlines()[-1] == os.path.join(base, "1")
+    assert list_versions(base) == [1]
+    info = _info(os.path.join(base, "1"))
+    assert {k: info["decoding"][k] for k in OPTIONS} == OPTIONS  # not the CLI's §6.1 defaults
+    assert info["precision"] == "float32" and info["metadata"] == METADATA
+    with pytest.raises(SystemExit, match="checkpoint applies to a run directory"):
+        cli.main(["export", os.path.join(base, "1"), "--output", base, "--checkpoint", "latest"])
