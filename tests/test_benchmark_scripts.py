@@ -3,7 +3,7 @@
 - `recipe_trials.py`: each trial is a valid demo command; the lower-cased trial's data.
 - `decode_throughput.py --tf-threads`: two positive integers, or a clear error.
 - `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor, TensorFlow's oneDNN kernels
-  where they are not its default.
+  where they are not its default; each setting's fastest tuning pass decides.
 - `translate_batching.py`: its candidates, and each one's ratios to the first batch size.
 - `common.py`: the results name the CPU by its model name, family and model number (`strategy.cpu_identity`),
   and a machine's default results folder is the one its kind of CPU already has.
@@ -94,6 +94,28 @@ def test_savedmodel_also_tries_onednn_on_cpus_where_it_is_not_tensorflows_defaul
 
     with pytest.raises(ValueError, match="kernels must be"):
         serving_worker.savedmodel_engine("/x", ["a"], 1, 1, kernels="mkl")
+
+
+def test_serving_tuning_keeps_each_setting_s_fastest_pass(monkeypatch):
+    """One slow pass of a setting (a neighbour's burst on a shared machine) must not decide the best setting."""
+    passes = {"a": iter([3.4, 3.0]), "b": iter([3.2, 3.3])}
+
+    class FakeWorker:
+        def __init__(self, args, sentences_file):
+            self.setting = args[0]
+
+        def command(self, word):
+            assert word == "run"
+            return {"seconds": next(passes[self.setting])}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(decode_serving, "Worker", FakeWorker)
+    best, seconds = decode_serving.best_setting("ours", ["a", "b"], lambda c: [c], "sources.en", passes=2)
+    assert (best, seconds) == ("a", {"a": 3.0, "b": 3.2})
+    with pytest.raises(SystemExit):
+        decode_serving.main(["RUN", "--tuning-passes", "0"])
 
 
 def test_translate_batching_compares_each_batch_size_with_the_first():
