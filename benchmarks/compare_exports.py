@@ -1,9 +1,10 @@
-"""Translate Multi30k with exported SavedModels side by side: the same answers? the same scores? how fast?
+"""Translate Multi30k with exported SavedModels side by side: the same translations? the same BLEU? how fast?
 
 Each export (a version directory) is loaded with `SavedModelTranslator`, as
 `keras-transformer translate --model` loads it, and translates a Multi30k
-split (default test2016) with its own decoding options, timed once after a
-warm-up on the first sentences. The translations are scored with the current
+split (default test2016) with its own decoding options, timed in one pass
+after a warm-up on the first sentences (a check of answers, not a benchmark:
+`decode_serving.py` times alternated rounds). The translations are scored with the current
 metrics (`corpus_scores`: cased sacreBLEU, chrF, lower-cased Moses-tokenized
 BLEU) and compared with the first export's, sentence by sentence. Written to
 check that a re-exported model (`keras-transformer export OLD_VERSION ...`)
@@ -80,7 +81,12 @@ def main(argv=None):
                         help=f"sentences per request (default {DEFAULT_TRANSLATE_BATCH_SIZE}, as translate's)")
     parser.add_argument("--json", help="write the comparison here")
     args = parser.parse_args(argv)
-    exports = dict(item.partition("=")[::2] for item in args.exports)
+    exports = {}
+    for item in args.exports:
+        name, _, path = item.partition("=")
+        if not name or not path or name in exports:
+            parser.error(f"each export is NAME=EXPORT_DIR with a name of its own, got {item!r}")
+        exports[name] = path
     payload = {
         "benchmark": "compare_exports",
         "split": args.split,

@@ -20,7 +20,7 @@ Each system first gets its best setting on this machine: every candidate
 (request size x requests in flight x TensorFlow's thread pools x its kernels for ours, see
 `ours_candidates`; max_batch_size x
 inter_threads/intra_threads x GEMM library for CTranslate2, see `ct2_candidates`) is started, warmed up and timed
-once, and the fastest is kept. Then the kept systems' timed passes alternate
+in `--tuning-passes` passes (default 2, its fastest pass counts), and the fastest candidate is kept. Then the kept systems' timed passes alternate
 for `--repeats` rounds (medians reported); a row's `setup_rss_mb` and
 `peak_rss_mb` are its worker process's peak resident memory after the
 warm-up and after all runs. BLEU (lower-cased tokenized, as

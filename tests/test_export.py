@@ -336,7 +336,11 @@ def test_cli_export(run_dir, tmp_path):
                          "--max-extra-length", str(EXTRA)]) == 0
     assert stdout.getvalue().strip().splitlines()[-1] == os.path.join(base, "5")
     with open(os.path.join(base, "5", "assets", "export.json")) as f:
-        assert json.load(f)["decoding"]["beam_size"] == 2
+        info = json.load(f)
+    assert info["decoding"]["beam_size"] == 2
+    # The flags left out take §6.1's values and "auto" for a run directory.
+    assert (info["decoding"]["alpha"], info["decoding"]["early_stopping"]) == (0.6, "exact")
+    assert info["precision_choice"].startswith("auto:")
     # An existing version is a clear error, not a traceback.
     with pytest.raises(SystemExit, match="already exists"):
         cli.main(["export", run_dir, "--output", base, "--version", "5"])

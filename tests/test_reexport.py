@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from keras_transformer import cli
-from keras_transformer.inference.saved_model import export_saved_model, is_export_dir, list_versions, load_export
+from keras_transformer.inference.saved_model import export_saved_model, is_export_dir, load_export
 from keras_transformer.inference.translator import SavedModelTranslator
 from keras_transformer.run_dir import load_run
 
@@ -36,14 +36,15 @@ def first_export(tiny_run_dir, tmp_path_factory):
     config = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**config, "training": TRAINING}))
     base = tmp_path_factory.mktemp("saved_models") / "tiny"
-    return export_saved_model(str(run), str(base), dtype="float32", metadata=METADATA, **OPTIONS)
+    # mixed_bfloat16: a precision "auto" never picks, so keeping it is the re-export's doing.
+    return export_saved_model(str(run), str(base), dtype="mixed_bfloat16", metadata=METADATA, n_best=2, **OPTIONS)
 
 
 def test_load_export_gives_the_run_model(tiny_run_dir, first_export):
     assert is_export_dir(first_export) and not is_export_dir(tiny_run_dir)
     model, tokenizer, info = load_export(first_export)
     trained, trained_tokenizer = load_run(tiny_run_dir)
-    assert model.dtype_policy.name == info["precision"] == "float32"
+    assert model.dtype_policy.name == info["precision"] == "mixed_bfloat16"
     assert model.config == trained.config
     assert len(model.weights) == len(trained.weights)
     for mine, theirs in zip(model.weights, trained.weights):
@@ -56,9 +57,10 @@ def test_reexport_keeps_options_metadata_and_answers(first_export, tmp_path):
     before, after = _info(first_export), _info(again)
     assert after["decoding"] == before["decoding"]
     assert {k: after["decoding"][k] for k in OPTIONS} == OPTIONS
-    assert after["precision"] == "float32"
+    assert after["precision"] == "mixed_bfloat16" and after["precision_choice"] == before["precision_choice"]
     assert after["metadata"] == METADATA and after["training"] == before["training"] == TRAINING
     assert after["reexported_from"]["exported_at"] == before["exported_at"]
+    assert after["n_best_signature"] == before["n_best_signature"]  # the signature is not dropped
     translations = [SavedModelTranslator(path).translate(SENTENCES, return_scores=True) for path in (first_export, again)]
     assert translations[0][0] == translations[1][0]
     np.testing.assert_allclose(translations[0][1], translations[1][1], rtol=1e-5, atol=1e-5)
@@ -69,6 +71,15 @@ def test_reexport_options_can_change(first_export, tmp_path):
     info = _info(again)
     assert info["decoding"]["beam_size"] == 2 and info["decoding"]["alpha"] == OPTIONS["alpha"]
     assert info["metadata"] == {"note": "new"}
+    # Other options without new metadata: the old scores no longer describe this export.
+    info = _info(export_saved_model(first_export, str(tmp_path / "float32"), dtype="float32"))
+    assert info["precision"] == "float32" and info["precision_choice"] is None
+    assert "metadata" not in info
+    assert info["reexported_from"]["metadata"] == METADATA
+    assert info["reexported_from"]["precision"] == "mixed_bfloat16"
+    # A second re-export keeps the chain back to the run.
+    twice = _info(export_saved_model(os.path.join(str(tmp_path / "float32"), "1"), str(tmp_path / "twice")))
+    assert twice["reexported_from"]["reexported_from"]["source"] == _info(first_export)["source"]
 
 
 def test_mismatched_variables_are_refused(first_export, tmp_path):
@@ -78,10 +89,27 @@ def test_mismatched_variables_are_refused(first_export, tmp_path):
     info["model"]["d_ff"] *= 2
     with open(os.path.join(broken, "assets", "export.json"), "w") as f:
         json.dump(info, f)
-    with pytest.raises(ValueError, match="variables are not those of the model"):
+    with pytest.raises(ValueError, match=r"variables are not those of the model .* variable \d+ is .*inner"):
         load_export(broken)
     with pytest.raises(SystemExit, match="variables are not those of the model"):
         cli.main(["export", broken, "--output", str(tmp_path / "out")])
+    info["model"]["d_ff"] //= 2
+    info["model"]["num_layers"] += 1
+    with open(os.path.join(broken, "assets", "export.json"), "w") as f:
+        json.dump(info, f)
+    with pytest.raises(ValueError, match=r"the model has \d+ variables, the export \d+"):
+        load_export(broken)
+
+
+def test_sources_that_are_not_one_export_get_a_clear_error(first_export, tmp_path):
+    base = os.path.dirname(first_export)
+    with pytest.raises(SystemExit, match="holds exported versions; give one"):
+        cli.main(["export", base, "--output", str(tmp_path / "out")])
+    foreign = str(tmp_path / "foreign")
+    shutil.copytree(first_export, foreign)
+    os.remove(os.path.join(foreign, "assets", "export.json"))
+    with pytest.raises(SystemExit, match="a SavedModel without assets/export.json"):
+        cli.main(["export", foreign, "--output", str(tmp_path / "out")])
 
 
 def test_cli_reexports_a_version_in_place(first_export, tmp_path):
@@ -91,9 +119,11 @@ def test_cli_reexports_a_version_in_place(first_export, tmp_path):
     with contextlib.redirect_stdout(stdout):
         assert cli.main(["export", os.path.join(base, "1"), "--output", base, "--version", "1", "--overwrite"]) == 0
     assert stdout.getvalue().strip().splitlines()[-1] == os.path.join(base, "1")
-    assert list_versions(base) == [1]
+    assert os.listdir(base) == ["1"]  # replaced, nothing left beside it
     info = _info(os.path.join(base, "1"))
     assert {k: info["decoding"][k] for k in OPTIONS} == OPTIONS  # not the CLI's §6.1 defaults
-    assert info["precision"] == "float32" and info["metadata"] == METADATA
+    assert info["precision"] == "mixed_bfloat16" and info["metadata"] == METADATA
+    before, after = (SavedModelTranslator(path).translate(SENTENCES) for path in (first_export, os.path.join(base, "1")))
+    assert before == after
     with pytest.raises(SystemExit, match="checkpoint applies to a run directory"):
         cli.main(["export", os.path.join(base, "1"), "--output", base, "--checkpoint", "latest"])

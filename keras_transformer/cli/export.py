@@ -7,12 +7,14 @@ from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 def register(subparsers):
     parser = subparsers.add_parser(
         "export",
-        help="export a run as a SavedModel for TensorFlow Serving (strings in, translations out)",
+        help="export a run (or re-export an export) as a SavedModel for TensorFlow Serving (strings in, "
+             "translations out)",
         description="Writes OUTPUT/<version>/ (saved_model.pb, variables/, assets/spm.model, assets/export.json) "
                     "with a 'serving_default' signature: inputs tf.string [None] -> translations tf.string [None], "
                     "scores float32 [None]. Prints the version directory. Given an exported version instead of a "
                     "run, writes its model again with this version's graph (its decoding options, precision, "
-                    "training options and scores kept unless given).",
+                    "training options, --n-best signature and scores kept unless given; the scores only while "
+                    "the options and precision stay).",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR",
                         help="training run directory, or an exported version directory (OUTPUT/<version>) to re-export")
@@ -22,7 +24,8 @@ def register(subparsers):
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --version")
     add_search_options(parser, keep_recorded=True)
     parser.add_argument("--max-input-length", type=int, default=None,
-                        help="longer sources are truncated to this many tokens (default: the model's max_length)")
+                        help="longer sources are truncated to this many tokens (default: the model's max_length; "
+                             "an export's recorded one)")
     parser.add_argument("--checkpoint", default=None,
                         help="export this checkpoint (path or 'latest') instead of the final model.keras")
     parser.add_argument("--n-best", type=int, default=None, metavar="N",

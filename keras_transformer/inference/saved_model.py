@@ -78,6 +78,7 @@ __all__ = [
     "export_saved_model",
     "load_export",
     "is_export_dir",
+    "read_export_info",
     "next_version",
     "list_versions",
     "saved_model_ops",
@@ -181,8 +182,30 @@ def check_serving_ops(export_dir):
 def is_export_dir(path):
     """Whether `path` is one exported version (`saved_model.pb` and `assets/export.json`), not a run directory."""
     path = os.fspath(path)
-    return os.path.isfile(os.path.join(path, "saved_model.pb")) and os.path.isfile(
+    return tf.io.gfile.exists(os.path.join(path, "saved_model.pb")) and tf.io.gfile.exists(
         os.path.join(path, "assets", INFO_FILENAME))
+
+
+def read_export_info(export_dir):
+    """An exported version's `assets/export.json`, as a dict."""
+    with tf.io.gfile.GFile(os.path.join(os.fspath(export_dir), "assets", INFO_FILENAME)) as f:
+        return json.load(f)
+
+
+def _recorded_n_best(info):
+    """The N of an export's "translate_n_best" signature, or None."""
+    signature = info.get("n_best_signature")
+    if not signature:
+        return None
+    match = re.search(r"\[None, (\d+)\]", signature["outputs"]["translations"])
+    return int(match.group(1)) if match else None
+
+
+def _variable_key(name):
+    """A variable's name without what Keras makes unique per process: the model's own name (the first part)
+    and seed generators' numbers ("transformer_3/encoder/layer_0/.../seed_generator_14/...:0" ->
+    "encoder/layer_0/.../seed_generator/...")."""
+    return re.sub(r"seed_generator_\d+", "seed_generator", name.split(":")[0].split("/", 1)[-1])
 
 
 def load_export(export_dir, dtype=None):
@@ -193,11 +216,12 @@ def load_export(export_dir, dtype=None):
     `Transformer` that its `export.json` describes, under `dtype` (default
     the precision it was exported in), and loads the weights its variables
     hold, so `export_saved_model(export_dir, ...)` writes the same model with
-    this version's graph.
+    this version's graph. (The weights are those the export stores: a
+    bfloat16 export's are bfloat16 values, whatever `dtype`.)
 
     Raises:
-        ValueError: the export's variables are not the described model's
-            (another number, name or shape).
+        ValueError: the export records no model, or its variables are not
+            the described model's (another number, name or shape).
     """
     import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
 
@@ -206,33 +230,39 @@ def load_export(export_dir, dtype=None):
     from keras_transformer.run_dir import build_model
 
     export_dir = os.fspath(export_dir)
-    with open(os.path.join(export_dir, "assets", INFO_FILENAME), encoding="utf-8") as f:
-        info = json.load(f)
+    info = read_export_info(export_dir)
+    if not info.get("model"):
+        raise ValueError(f"{export_dir}: its {INFO_FILENAME} records no model configuration to rebuild.")
     model = build_model(TransformerConfig.from_dict(info["model"]), dtype=dtype or info["precision"])
     saved = tf.saved_model.load(export_dir).model_variables
-
-    def relative(name):
-        # "transformer_3/encoder/layer_0/.../seed_generator_14/...:0" -> "encoder/layer/.../seed_generator/...":
-        # Keras numbers the names it makes unique (the model's, seed generators'), differently in each process.
-        return re.sub(r"_\d+(?=/|$)", "", name.split(":")[0].split("/", 1)[-1])
-
-    wanted = [(relative(v.path), tuple(v.shape)) for v in model.variables]
-    found = [(relative(v.name), tuple(v.shape)) for v in saved]
-    if wanted != found:
-        mismatch = next((pair for pair in zip(wanted, found) if pair[0] != pair[1]), (len(wanted), len(found)))
-        raise ValueError(f"{export_dir}: its variables are not those of the model its {INFO_FILENAME} describes "
-                         f"(first difference: {mismatch[0]} expected, {mismatch[1]} found).")
+    problem = None
+    if len(saved) != len(model.variables):
+        problem = f"the model has {len(model.variables)} variables, the export {len(saved)}"
+    for index, (variable, value) in enumerate(zip(model.variables, saved)):
+        if problem is None and (_variable_key(variable.path), tuple(variable.shape)) != (
+                _variable_key(value.name), tuple(value.shape)):
+            problem = (f"variable {index} is {value.name} {tuple(value.shape)} in the export, "
+                       f"{variable.path} {tuple(variable.shape)} in the model")
+    if problem:
+        raise ValueError(f"{export_dir}: its variables are not those of the model its {INFO_FILENAME} "
+                         f"describes: {problem}.")
     for variable, value in zip(model.variables, saved):
         variable.assign(value)
     model.compile()
     return model, Tokenizer(os.path.join(export_dir, "assets", ASSET_FILENAME)), info
 
 
+# Decoding options of a run directory's export unless given (§6.1).
+_RUN_DECODING_DEFAULTS = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
+                              max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
+
+
 def _make_translator(source, options, checkpoint, dtype):
-    """The Translator to export: `source` itself or a copy with other decoding `options`, or a run's."""
+    """The Translator to export: `source` itself or a copy with other decoding `options`, a run's, or an export's
+    (with the decoding options it records, unless given)."""
     from keras_transformer.inference.translator import Translator
 
-    names = ("beam_size", "alpha", "max_extra_length", "max_input_length", "early_stopping")
+    names = tuple(_RUN_DECODING_DEFAULTS)
     if isinstance(source, Translator):
         if dtype not in (None, "auto"):
             raise ValueError("dtype applies to a run directory; a Translator keeps its model's precision.")
@@ -242,30 +272,34 @@ def _make_translator(source, options, checkpoint, dtype):
             return source
         # Same model and tokenizer, other decoding options.
         return Translator(source.model, source.tokenizer, **{**current, **changes})
-    if isinstance(source, (str, os.PathLike)) and is_export_dir(source):
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"source must be a run directory, an exported version or a Translator, "
+                        f"got {type(source).__name__}.")
+    path = os.fspath(source)
+    if is_export_dir(path):
         if checkpoint is not None:
             raise ValueError("checkpoint applies to a run directory, not to an exported SavedModel.")
-        model, tokenizer, info = load_export(source, dtype=dtype)
-        recorded = info.get("decoding", {})  # the export's own decoding options, unless changed
-        defaults = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
-                        max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
-        return Translator(model, tokenizer, **{k: recorded.get(k, defaults[k]) if options[k] is None else options[k]
-                                               for k in names})
-    if isinstance(source, (str, os.PathLike)):
-        from keras_transformer.run_dir import load_run
+        model, tokenizer, info = load_export(path, dtype=dtype)
+        defaults = {**_RUN_DECODING_DEFAULTS, **{k: v for k, v in info.get("decoding", {}).items() if k in names}}
+    else:
+        from keras_transformer.run_dir import CONFIG_FILENAME, load_run
 
-        run_dir = os.fspath(source)
-        if not os.path.isdir(run_dir):
-            raise FileNotFoundError(f"{run_dir}: no such run directory.")
-        model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=dtype)
-        defaults = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
-                        max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
-        return Translator(model, tokenizer, **{k: defaults[k] if options[k] is None else options[k] for k in names})
-    raise TypeError(f"source must be a run directory, an exported version or a Translator, "
-                    f"got {type(source).__name__}.")
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{path}: no such run directory.")
+        if not os.path.exists(os.path.join(path, CONFIG_FILENAME)):
+            if os.path.exists(os.path.join(path, "saved_model.pb")):
+                raise ValueError(f"{path}: a SavedModel without assets/{INFO_FILENAME}; only exports written by "
+                                 f"keras-transformer can be exported again.")
+            if list_versions(path):
+                raise ValueError(f"{path} holds exported versions; give one, e.g. "
+                                 f"{os.path.join(path, str(list_versions(path)[-1]))}.")
+        model, tokenizer = load_run(path, checkpoint=checkpoint, dtype=dtype)
+        defaults = _RUN_DECODING_DEFAULTS
+    return Translator(model, tokenizer, **{k: defaults[k] if options[k] is None else options[k] for k in names})
 
 
-def _export_info(translator, version, source, n_best=None, metadata=None, precision_choice=None):
+def _export_info(translator, version, source, n_best=None, metadata=None, precision_choice=None, previous=None):
+    """`export.json`'s content; `previous`: the `export.json` of the export `source` is, if it is one."""
     import keras_transformer
 
     config = translator.model.config
@@ -296,13 +330,15 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
         "tensorflow_version": tf.__version__,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    if isinstance(source, (str, os.PathLike)) and is_export_dir(source):
-        with open(os.path.join(source, "assets", INFO_FILENAME), encoding="utf-8") as f:
-            previous = json.load(f)
-        # The same model: how it was trained and scored stays true; the graph is this version's.
-        info.update({key: previous[key] for key in ("training", "metadata") if key in previous})
-        info["reexported_from"] = {key: previous.get(key) for key in
-                                   ("exported_at", "keras_transformer_version", "tensorflow_version", "source")}
+    if previous is not None:
+        # The same model: how it was trained stays true, and its recorded scores while it decodes as it did.
+        same_answers = info["decoding"] == previous.get("decoding") and info["precision"] == previous.get("precision")
+        info.update({key: previous[key] for key in ("training",) + ("metadata",) * same_answers if key in previous})
+        info["reexported_from"] = {key: previous.get(key) for key in (
+            "exported_at", "keras_transformer_version", "tensorflow_version", "source", "reexported_from")}
+        if not same_answers:  # other options or precision: the old scores describe the old export only
+            info["reexported_from"].update(decoding=previous.get("decoding"), precision=previous.get("precision"),
+                                           metadata=previous.get("metadata"))
     elif isinstance(source, (str, os.PathLike)):
         from keras_transformer.run_dir import CONFIG_FILENAME, read_config
 
@@ -315,6 +351,7 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
     if n_best:
         info["n_best_signature"] = {
             "name": N_BEST_SIGNATURE_NAME,
+            "n_best": n_best,
             "inputs": {INPUT_NAME: "tf.string [None]"},
             "outputs": {"translations": f"tf.string [None, {n_best}]", "scores": f"float32 [None, {n_best}]"},
         }
@@ -341,7 +378,7 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
             recorded ones for an export, the Translator's own for a Translator.
         overwrite: replace an existing `version` instead of raising.
         max_input_length: longest source in tokens (longer ones are truncated);
-            default the model's `config.max_length`.
+            default the model's `config.max_length` (an export's recorded one).
         checkpoint: for a run directory, export this checkpoint (path or
             "latest") instead of the final `model.keras`.
         dtype: for a run directory or an export, the dtype policy the
@@ -355,18 +392,26 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         n_best: also export the signature "translate_n_best": inputs
             tf.string [B] -> translations tf.string [B, n_best] and scores
             float32 [B, n_best], best first (n_best at most the beam size).
+            An export's own N unless given.
         metadata: a JSON-serializable dict recorded as `metadata` in the
             export's `assets/export.json` (e.g. the scores and the machine of
-            the run it comes from); an export's own is kept otherwise. The training options of a run directory
+            the run it comes from). The training options of a run directory
             (those of its `config.json`: the first run's; a resume's changes
-            are in `resumes.jsonl`) are recorded as `training`.
+            are in `resumes.jsonl`) are recorded as `training`. An export's
+            training options are kept, and its metadata too unless given or
+            unless the decoding options or precision change (its scores
+            would no longer hold): then it moves to `reexported_from`.
 
     Returns:
         `output_dir/<version>` (str).
 
     Raises:
         FileExistsError: `version` exists and `overwrite` is False.
-        ValueError: the graph contains Python ops (never expected).
+        FileNotFoundError: `source` is no directory.
+        ValueError: the graph contains Python ops (never expected); an
+            export's variables do not match its model (`load_export`); a
+            checkpoint given with an export; a SavedModel not written by
+            this package, or a base directory of versions, as `source`.
     """
     output_dir = os.fspath(output_dir)
     if version is None:
@@ -383,11 +428,15 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
 
     options = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
                    max_input_length=max_input_length, early_stopping=early_stopping)
-    precision_choice = None
+    precision_choice, previous = None, None
     if isinstance(source, (str, os.PathLike)):  # "auto" resolved once, for the model and for export.json
-        if dtype is None and not is_export_dir(source):
-            dtype = "auto"  # a run's default; an export keeps the precision it records
+        previous = read_export_info(source) if is_export_dir(source) else None
+        if previous is None and dtype is None:
+            dtype = "auto"  # a run's default; an export keeps the precision it records ...
         dtype, precision_choice = resolve_decoding_precision(dtype)
+        if previous is not None:
+            precision_choice = precision_choice if dtype else previous.get("precision_choice")  # ... and why
+            n_best = _recorded_n_best(previous) if n_best is None else n_best
     translator = _make_translator(source, options, checkpoint, dtype)
     if n_best is not None:
         translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
@@ -402,8 +451,8 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         with open(asset_paths[ASSET_FILENAME], "wb") as f:
             f.write(translator.tokenizer.model_proto)
         with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
-            json.dump(_export_info(translator, version, source, n_best, metadata, precision_choice), f, indent=2,
-                      sort_keys=True)
+            json.dump(_export_info(translator, version, source, n_best, metadata, precision_choice, previous), f,
+                      indent=2, sort_keys=True)
         module = _ServingModule(translator, asset_paths, n_best)
         try:
             tf.saved_model.save(
