@@ -235,18 +235,20 @@ def load_export(export_dir, dtype=None):
         raise ValueError(f"{export_dir}: its {INFO_FILENAME} records no model configuration to rebuild.")
     model = build_model(TransformerConfig.from_dict(info["model"]), dtype=dtype or info["precision"])
     saved = tf.saved_model.load(export_dir).model_variables
+    pairs = list(zip(model.variables, saved))
+    differing = next((index for index, (variable, value) in enumerate(pairs) if (
+        _variable_key(variable.path), tuple(variable.shape)) != (_variable_key(value.name), tuple(value.shape))), None)
     problem = None
     if len(saved) != len(model.variables):
         problem = f"the model has {len(model.variables)} variables, the export {len(saved)}"
-    for index, (variable, value) in enumerate(zip(model.variables, saved)):
-        if problem is None and (_variable_key(variable.path), tuple(variable.shape)) != (
-                _variable_key(value.name), tuple(value.shape)):
-            problem = (f"variable {index} is {value.name} {tuple(value.shape)} in the export, "
-                       f"{variable.path} {tuple(variable.shape)} in the model")
+    elif differing is not None:
+        variable, value = pairs[differing]
+        problem = (f"variable {differing} is {value.name} {tuple(value.shape)} in the export, "
+                   f"{variable.path} {tuple(variable.shape)} in the model")
     if problem:
         raise ValueError(f"{export_dir}: its variables are not those of the model its {INFO_FILENAME} "
                          f"describes: {problem}.")
-    for variable, value in zip(model.variables, saved):
+    for variable, value in pairs:
         variable.assign(value)
     model.compile()
     return model, Tokenizer(os.path.join(export_dir, "assets", ASSET_FILENAME)), info
@@ -257,9 +259,9 @@ _RUN_DECODING_DEFAULTS = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, 
                               max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
 
 
-def _make_translator(source, options, checkpoint, dtype):
+def _make_translator(source, options, checkpoint, dtype, previous=None):
     """The Translator to export: `source` itself or a copy with other decoding `options`, a run's, or an export's
-    (with the decoding options it records, unless given)."""
+    (`previous`: its `export.json`; with the decoding options it records, unless given)."""
     from keras_transformer.inference.translator import Translator
 
     names = tuple(_RUN_DECODING_DEFAULTS)
@@ -276,11 +278,11 @@ def _make_translator(source, options, checkpoint, dtype):
         raise TypeError(f"source must be a run directory, an exported version or a Translator, "
                         f"got {type(source).__name__}.")
     path = os.fspath(source)
-    if is_export_dir(path):
+    if previous is not None:
         if checkpoint is not None:
             raise ValueError("checkpoint applies to a run directory, not to an exported SavedModel.")
-        model, tokenizer, info = load_export(path, dtype=dtype)
-        defaults = {**_RUN_DECODING_DEFAULTS, **{k: v for k, v in info.get("decoding", {}).items() if k in names}}
+        model, tokenizer, _ = load_export(path, dtype=dtype)
+        defaults = {**_RUN_DECODING_DEFAULTS, **{k: v for k, v in previous.get("decoding", {}).items() if k in names}}
     else:
         from keras_transformer.run_dir import CONFIG_FILENAME, load_run
 
@@ -437,7 +439,7 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         if previous is not None:
             precision_choice = precision_choice if dtype else previous.get("precision_choice")  # ... and why
             n_best = _recorded_n_best(previous) if n_best is None else n_best
-    translator = _make_translator(source, options, checkpoint, dtype)
+    translator = _make_translator(source, options, checkpoint, dtype, previous)
     if n_best is not None:
         translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
     tf.io.gfile.makedirs(output_dir)
