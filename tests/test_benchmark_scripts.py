@@ -1,6 +1,7 @@
 """Benchmark scripts' own logic (not their timings).
 
-- `recipe_trials.py`: each trial is a valid demo command; the lower-cased trial's data.
+- `recipe_trials.py`: each trial is a valid demo command; the lower-cased trial's data; a new table keeps the
+  rows of trials run elsewhere and their notes.
 - `decode_throughput.py --tf-threads`: two positive integers, or a clear error.
 - `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor, TensorFlow's oneDNN kernels
   where they are not its default; each setting's fastest tuning pass decides.
@@ -63,6 +64,31 @@ def test_lowercased_multi30k_is_the_shipped_data_lower_cased(tmp_path, monkeypat
     spec = DataSpec.parse(f"files:{tmp_path}/{{split}}.{{src}},{tmp_path}/{{split}}.{{tgt}}")
     assert [path.format(split="val", src="en", tgt="de") for path in spec.paths] == [
         str(tmp_path / "val.en"), str(tmp_path / "val.de")]
+
+
+def test_table_keeps_the_rows_of_trials_run_elsewhere(tmp_path, capsys):
+    import json
+
+    def row(name, steps, note=None):
+        final = [dict(beam=4, alpha=0.6, bleu=30.0, tok_bleu=30.1, chrf=50.0, decode_seconds=1.0)]
+        return dict(name=name, steps=steps, epochs=1.0, train_seconds=60.0, final_val_loss=3.0,
+                    variants=dict(final=final), tokens_per_sec_per_epoch=[1000], **({"note": note} if note else {}))
+
+    target = tmp_path / "recipe_trials.json"
+    target.write_text(json.dumps(dict(trials=[row("earlier", 100, "from another machine"),
+                                              row("rescored", 200, "kept note")])))
+    trials = tmp_path / "trials"
+    (trials / "rescored").mkdir(parents=True)
+    (trials / "rescored" / recipe_trials.SCORES_FILENAME).write_text(json.dumps(row("rescored", 250)))
+    (trials / "new").mkdir()
+    (trials / "new" / recipe_trials.SCORES_FILENAME).write_text(json.dumps(row("new", 300)))
+    recipe_trials.main(["table", "--json", str(target), "--trials-dir", str(trials), "--note", "new=added"])
+    rows = {r["name"]: r for r in json.loads(target.read_text())["trials"]}
+    assert sorted(rows) == ["earlier", "new", "rescored"]
+    assert rows["earlier"]["steps"] == 100 and rows["earlier"]["note"] == "from another machine"
+    assert rows["rescored"]["steps"] == 250 and rows["rescored"]["note"] == "kept note"  # this machine's scores
+    assert rows["new"]["note"] == "added"
+    assert "| earlier |" in capsys.readouterr().out
 
 
 def test_tf_threads_option():
