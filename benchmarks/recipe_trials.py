@@ -111,6 +111,8 @@ TRIALS = {
     # the demo's average of 10 checkpoints 50 steps apart; averages reaching further back scored lower
     # (`small_drop0.1_average20`).
     "small_drop0.1_ema0.996": dict(RECIPE, dropout=0.1, average_last=1, ema=0.996),
+    # The same with another seed: whether its lead over the demo's checkpoint average outlasts the seed's spread.
+    "small_drop0.1_ema0.996_seed1": dict(RECIPE, dropout=0.1, average_last=1, ema=0.996, seed=1),
 }
 # Where `lowercase` trials read their lower-cased copy of the shipped Multi30k (`lowercased_multi30k`).
 LOWERCASED_DIR = os.path.join(TRIALS_DIR, "lowercased_multi30k")
