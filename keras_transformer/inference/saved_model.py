@@ -197,6 +197,9 @@ def _recorded_n_best(info):
     signature = info.get("n_best_signature")
     if not signature:
         return None
+    if "n_best" in signature:
+        return signature["n_best"]
+    # Exports written before export.json recorded N: read it from the outputs' shape.
     match = re.search(r"\[None, (\d+)\]", signature["outputs"]["translations"])
     return int(match.group(1)) if match else None
 
@@ -335,7 +338,8 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
     if previous is not None:
         # The same model: how it was trained stays true, and its recorded scores while it decodes as it did.
         same_answers = info["decoding"] == previous.get("decoding") and info["precision"] == previous.get("precision")
-        info.update({key: previous[key] for key in ("training",) + ("metadata",) * same_answers if key in previous})
+        kept = ("training", "metadata") if same_answers else ("training",)
+        info.update({key: previous[key] for key in kept if key in previous})
         info["reexported_from"] = {key: previous.get(key) for key in (
             "exported_at", "keras_transformer_version", "tensorflow_version", "source", "reexported_from")}
         if not same_answers:  # other options or precision: the old scores describe the old export only
