@@ -6,13 +6,17 @@
 - `decode_serving.py`: CTranslate2's GEMM libraries tried on each CPU vendor, TensorFlow's oneDNN kernels
   where they are not its default; each setting's fastest tuning pass decides.
 - `translate_batching.py`: its candidates, and each one's ratios to the first batch size.
+- `decode_matmul_bound.py`: each variant runs in a process of its own with its `XLA_FLAGS`, and is read against
+  the plain bfloat16 graph of the same round.
 - `common.py`: the results name the CPU by its model name, family and model number (`strategy.cpu_identity`),
   and a machine's default results folder is the one its kind of CPU already has.
 """
 
 import argparse
 import importlib.util
+import json
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -20,6 +24,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import decode_matmul_bound  # noqa: E402
 import decode_serving  # noqa: E402
 import decode_throughput  # noqa: E402
 import recipe_trials  # noqa: E402
@@ -206,3 +211,64 @@ def test_results_folder_without_cpuinfo_is_avx2(tmp_path):
     import common
 
     assert common.results_folder(str(tmp_path / "missing")) == "avx2"
+
+
+def test_matmul_bound_runs_each_variant_in_a_process_with_its_xla_flags(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(command, env, capture_output, text):
+        variant = command[command.index("--worker") + 1]
+        calls.append((variant, env["XLA_FLAGS"], command))
+        ms = {"graph bfloat16": 2.0, "graph float32": 4.0}.get(variant, 8.0 if "float32" in variant else 5.0)
+        hlo = "null" if variant.startswith("graph") else '{"dots": 19, "library_fusions": {}}'
+        stdout = f'noise\n{{"ms_per_step": {ms + len(calls) * 1e-3}, "hlo": {hlo}}}\n'
+        return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
+
+    monkeypatch.setattr(decode_matmul_bound.subprocess, "run", fake_run)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")  # the user's own flags are kept
+    out = tmp_path / "bound.json"
+    decode_matmul_bound.main(["--only", "graph,XLA oneDNN fusion", "--rounds", "2", "--json", str(out)])
+    names = ["graph float32", "graph bfloat16", "XLA oneDNN fusion float32", "XLA oneDNN fusion bfloat16"]
+    assert [variant for variant, _, _ in calls] == names * 2  # rounds alternate between the variants
+    flags = {variant: xla_flags for variant, xla_flags, _ in calls}
+    assert flags["graph bfloat16"] == "--xla_dump_to=/tmp/x"
+    assert flags["XLA oneDNN fusion float32"] == "--xla_dump_to=/tmp/x --xla_cpu_experimental_onednn_fusion_type=dot"
+    assert all("--json" not in command for _, _, command in calls)  # workers write no results file
+    results = {r["variant"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(results) == names
+    assert results["graph bfloat16"]["speed_vs_graph_bfloat16"] == 1.0
+    assert results["graph float32"]["speed_vs_graph_bfloat16"] == pytest.approx(0.5, abs=2e-3)
+    assert results["XLA oneDNN fusion bfloat16"]["xla"] is True
+    assert results["XLA oneDNN fusion bfloat16"]["hlo"] == {"dots": 19, "library_fusions": {}}
+    assert results["graph bfloat16"]["hlo"] is None
+    assert results["graph float32"]["gflops"] == pytest.approx(
+        decode_matmul_bound.step_flops(128, 3, 256, 1024, 8000) / 4.0 / 1e6, rel=1e-3)
+
+
+def test_matmul_bound_worker_times_a_step(monkeypatch):
+    args = argparse.Namespace(sentences=2, beam_size=2, layers=1, d_model=8, d_ff=16, vocab_size=32, steps=2,
+                              repeats=2)
+    for dtype in decode_matmul_bound.DTYPES:
+        ms, hlo = decode_matmul_bound.time_step(dtype, False, args)
+        assert 0 < ms < 1000 and hlo is None
+    ms, hlo = decode_matmul_bound.time_step("bfloat16", True, args)
+    assert 0 < ms < 1000
+    assert hlo["dots"] == 7  # 6 per layer and the output projection, unless a library fusion took them
+
+
+def test_hlo_summary_counts_dots_and_library_fusions():
+    hlo = """
+  %dot.1 = bf16[128,768]{1,0} dot(bf16[128,256]{1,0} %p0, bf16[256,768]{1,0} %p1)
+  %fusion.2 = bf16[128,256]{1,0} fusion(%a, %b), kind=kCustom, calls=%__ynn_fusion.3
+  %fusion.3 = bf16[128,256]{1,0} fusion(%a, %b), kind=kCustom, calls=%__ynn_fusion.4
+  %cc = f32[2] custom-call(%x), custom_call_target="__onednn$matmul"
+"""
+    assert decode_matmul_bound.hlo_summary(hlo) == {
+        "dots": 1, "library_fusions": {"__onednn$matmul": 1, "__ynn_fusion": 2}}
+
+
+def test_matmul_bound_failing_worker_says_which_variant(monkeypatch):
+    monkeypatch.setattr(decode_matmul_bound.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
+        command, 1, stdout="", stderr="Unknown flag --xla_cpu_foo"))
+    with pytest.raises(RuntimeError, match="XLA bfloat16 failed .exit 1.:\n.*Unknown flag"):
+        decode_matmul_bound.run_variant("XLA bfloat16", [])
