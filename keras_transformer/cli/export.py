@@ -9,7 +9,8 @@ def register(subparsers):
         "export",
         help="export a run (or re-export an export) as a SavedModel for TensorFlow Serving (strings in, "
              "translations out)",
-        description="Writes OUTPUT/<version>/ (saved_model.pb, variables/, assets/spm.model, assets/export.json) "
+        description="Writes OUTPUT/<version>/ (saved_model.pb, variables/, assets/spm.model, assets/export.json, "
+                    "assets.extra/tf_serving_warmup_requests) "
                     "with a 'serving_default' signature: inputs tf.string [None] -> translations tf.string [None], "
                     "scores float32 [None]. Prints the version directory. Given an exported version instead of a "
                     "run, writes its model again with this version's graph (its decoding options, precision, "
@@ -37,20 +38,45 @@ def register(subparsers):
                              "compute capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs). The "
                              "choice is this machine's: export with float32 to serve on CPUs without native "
                              "bfloat16. A re-exported version keeps its precision by default")
+    warmup = parser.add_mutually_exclusive_group()
+    warmup.add_argument("--warmup-sentences", metavar="FILE", default=None,
+                        help="source sentences, one per line, for the warm-up requests TensorFlow Serving replays "
+                             "when it loads the version (assets.extra/tf_serving_warmup_requests: requests of 1, 8, "
+                             "64 and 256 sentences). Default: a re-exported version's own, else the first "
+                             "validation sources of the run's data where they can be read, else none")
+    warmup.add_argument("--no-warmup", action="store_true", help="write no warm-up requests")
     parser.set_defaults(func=run)
+
+
+def _warmup_sentences(args):
+    """`export_saved_model`'s `warmup_sentences` for the flags: "auto", None, or the lines of the file."""
+    if args.no_warmup:
+        return None
+    if args.warmup_sentences is None:
+        return "auto"
+    try:
+        with open(args.warmup_sentences, encoding="utf-8") as f:
+            sentences = [line.rstrip("\n") for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise SystemExit(f"export: --warmup-sentences {args.warmup_sentences}: {error}") from None
+    if not sentences:
+        raise SystemExit(f"export: --warmup-sentences {args.warmup_sentences} has no sentences.")
+    return sentences
 
 
 def run(args):
     from keras_transformer.inference.saved_model import export_saved_model
 
+    warmup_sentences = _warmup_sentences(args)
     try:
         path = export_saved_model(
             args.run_dir, args.output, version=args.version, beam_size=args.beam, alpha=args.alpha,
             max_extra_length=args.max_extra_length, overwrite=args.overwrite,
             max_input_length=args.max_input_length, checkpoint=args.checkpoint,
             early_stopping=args.early_stopping, dtype=args.precision, n_best=args.n_best,
+            warmup_sentences=warmup_sentences,
         )
-    except (FileExistsError, FileNotFoundError, ValueError) as error:
+    except (FileExistsError, FileNotFoundError, ImportError, ValueError) as error:
         raise SystemExit(f"export: {error}") from None
     print(path)
     return 0

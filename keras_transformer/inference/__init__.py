@@ -4,6 +4,9 @@
   `SavedModelTranslator`, `load_translator`.
 - `saved_model`: `export_saved_model`: a SavedModel for TensorFlow Serving,
   strings in, translations out.
+- `signatures`: the exported signatures' names, input and outputs.
+- `serving_warmup`: the requests TensorFlow Serving replays when it loads an
+  export (`assets.extra/tf_serving_warmup_requests`).
 - `ctranslate2`: `export_ctranslate2`: the same weights for CTranslate2.
 - `precision`: the dtype policy a model decodes in; `auto_decoding_precision`
   (bfloat16 where the CPU computes it natively, else float32).

@@ -27,6 +27,8 @@ it serves the highest numbered version)::
             variables/            the Transformer's weights
             assets/spm.model      the SentencePiece model, a tf.saved_model.Asset
             assets/export.json    decoding options and model config, for reference
+            assets.extra/tf_serving_warmup_requests
+                                  requests TF Serving replays on loading (`serving_warmup`)
             fingerprint.pb
         2/ ...
 
@@ -67,6 +69,8 @@ from keras_transformer.decoding.defaults import (
     EXTRA_OUTPUT_LENGTH,
 )
 from keras_transformer.inference.precision import resolve_decoding_precision
+from keras_transformer.inference.serving_warmup import warmup_for_export
+from keras_transformer.inference.signatures import INPUT_NAME, N_BEST_SIGNATURE_NAME, OUTPUT_NAMES, SIGNATURE_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +89,6 @@ __all__ = [
     "check_serving_ops",
 ]
 
-SIGNATURE_NAME = "serving_default"
-N_BEST_SIGNATURE_NAME = "translate_n_best"  # with n_best: the N best translations of each input
-INPUT_NAME = "inputs"
-OUTPUT_NAMES = ("translations", "scores")
 ASSET_FILENAME = "spm.model"
 INFO_FILENAME = "export.json"
 
@@ -366,7 +366,7 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
 
 def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=None, max_extra_length=None,
                        *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype=None,
-                       n_best=None, metadata=None):
+                       n_best=None, metadata=None, warmup_sentences="auto"):
     """Writes a SavedModel for TensorFlow Serving to `output_dir/<version>/`; returns that path.
 
     Args:
@@ -407,6 +407,13 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
             training options are kept, and its metadata too unless given or
             unless the decoding options or precision change (its scores
             would no longer hold): then it moves to `reexported_from`.
+        warmup_sentences: source sentences for the requests TensorFlow
+            Serving replays when it loads the version
+            (`assets.extra/tf_serving_warmup_requests`, see
+            `serving_warmup`), so that its first client request does not
+            wait for TensorFlow's first-run work. "auto" (default): an
+            export's own, else the first validation sources of a run
+            directory's data where they can be read, else none; None: none.
 
     Returns:
         `output_dir/<version>` (str).
@@ -444,6 +451,7 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
             precision_choice = precision_choice if dtype else previous.get("precision_choice")  # ... and why
             n_best = _recorded_n_best(previous) if n_best is None else n_best
     translator = _make_translator(source, options, checkpoint, dtype, previous)
+    write_warmup = warmup_for_export(warmup_sentences, source)
     if n_best is not None:
         translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
     tf.io.gfile.makedirs(output_dir)
@@ -467,6 +475,8 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
                 signatures=module.serving_signatures,
             )
             check_serving_ops(work_dir)
+            if write_warmup is not None:
+                write_warmup(work_dir)
         except BaseException:
             if not remote:
                 shutil.rmtree(work_dir, ignore_errors=True)

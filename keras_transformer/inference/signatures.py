@@ -1,0 +1,13 @@
+"""The names an exported SavedModel's clients use: its signatures, their input and outputs.
+
+    signature "serving_default"    inputs tf.string [None] -> translations tf.string [None], scores float32 [None]
+    signature "translate_n_best"   (with `export --n-best N`) -> [None, N] each, best first
+
+Defined here once for the export (`saved_model`) and for the warm-up requests
+written beside it (`serving_warmup`).
+"""
+
+SIGNATURE_NAME = "serving_default"
+N_BEST_SIGNATURE_NAME = "translate_n_best"  # with n_best: the N best translations of each input
+INPUT_NAME = "inputs"
+OUTPUT_NAMES = ("translations", "scores")
