@@ -1,9 +1,11 @@
 """What an export's warm-up requests save the first requests TensorFlow Serving answers.
 
 Each round starts two fresh processes on the export (`EXPORT_DIR`, a
-version directory), loaded as TensorFlow Serving loads it: only tensorflow
-and tensorflow_text, one session (`tf.compat.v1.saved_model.load`) with one
-intra-op and two inter-op threads, as `decode_serving.py` found fastest.
+version directory), each loading it into one TensorFlow session
+(`tf.compat.v1.saved_model.load`) with one intra-op and two inter-op threads,
+the setting `decode_serving.py` found fastest, as TensorFlow Serving holds a
+version (the process also imports this package, to read the warm-up file and
+the test sentences; TensorFlow Serving itself is not run).
 "cold" sends the requests right after loading; "warmed" first replays the
 export's `assets.extra/tf_serving_warmup_requests` through the signature, as
 TensorFlow Serving does before it serves a version, and reports that replay's
@@ -98,7 +100,8 @@ def summarize(rounds):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("export_dir", metavar="EXPORT_DIR", help="an exported version directory (OUTPUT/<version>)")
-    parser.add_argument("--sizes", default="1,64", help="sentences per request, comma-separated (default %(default)s)")
+    parser.add_argument("--sizes", default="1,64,500",
+                        help="sentences per request, comma-separated (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)  # internal: one process's run

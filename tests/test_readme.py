@@ -124,12 +124,13 @@ def test_saved_models_readme_gives_the_committed_model_s_sizes():
     """The sizes saved_models/README.md quotes are those of the committed files."""
     text = (ROOT / "saved_models" / "README.md").read_text(encoding="utf-8")
     match = re.search(r"one version is ([\d.]+) MB: ([\d.]+) MB of float32 weights, ([\d.]+) MB of graph, "
-                      r"([\d.]+) MB of `spm.model`", text)
+                      r"([\d.]+) MB of `spm.model`, ([\d.]+) MB of warm-up requests", text)
     assert match, "saved_models/README.md no longer states the model's size"
     version = ROOT / "saved_models" / "multi30k_en_de" / "1"
     sizes = [sum(f.stat().st_size for f in version.rglob("*") if f.is_file()),
              (version / "variables" / "variables.data-00000-of-00001").stat().st_size,
              (version / "saved_model.pb").stat().st_size,
-             (version / "assets" / "spm.model").stat().st_size]
+             (version / "assets" / "spm.model").stat().st_size,
+             (version / "assets.extra" / "tf_serving_warmup_requests").stat().st_size]
     for figure, size in zip(match.groups(), sizes):
         assert matches(figure, size / 1e6), (figure, size)

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import os
+import shutil
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_requests_take_the_sentences_in_order_and_cycle():
     (["ok"], (0,), "positive integers, got 0"),
     (["ok"], (True,), "positive integers, got True"),
     (["ok"], (), "1 to 1000 sizes"),
-    (["ok"], (1,) * 1001, "at most 1000 records"),
+    (["ok"], (1,) * 1001, "refuses to load a version with more than 1000 records"),
 ])
 def test_bad_requests_are_refused(sentences, sizes, message):
     with pytest.raises(ValueError, match=message):
@@ -74,15 +75,38 @@ def warmed_export(tiny_run_dir, tmp_path_factory):
 
 
 def test_export_writes_requests_its_signature_answers_as_the_translator(tiny_run_dir, warmed_export):
+    from tensorflow_serving.apis import prediction_log_pb2
+
     export_dir, sentences = warmed_export
-    requests = read_warmup_requests(export_dir)
-    assert requests == [("serving_default", r) for r in warmup_requests(sentences)]
-    # Replayed through the loaded signature, as TF Serving does: the translator's own answers.
-    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+    assert read_warmup_requests(export_dir) == [("serving_default", r) for r in warmup_requests(sentences)]
+    # Replayed as TF Serving replays them: each record's signature, fed by the record's own input keys, which
+    # must be the signature's.
+    loaded = tf.saved_model.load(export_dir)
     translator = Translator.from_run_dir(tiny_run_dir, max_extra_length=EXTRA)
-    for _, request in requests[:3]:
-        served = signature(inputs=tf.constant(request))["translations"].numpy()
-        assert [t.decode("utf-8") for t in served] == translator.translate(request)
+    for record in list(tf.data.TFRecordDataset(warmup_path(export_dir)).as_numpy_iterator())[:3]:
+        request = prediction_log_pb2.PredictionLog.FromString(record).predict_log.request
+        signature = loaded.signatures[request.model_spec.signature_name]
+        assert set(request.inputs) == set(signature.structured_input_signature[1])
+        served = signature(**{key: tf.constant(tf.make_ndarray(value)) for key, value in request.inputs.items()})
+        request_sentences = [s.decode("utf-8") for s in tf.make_ndarray(request.inputs["inputs"])]
+        assert [t.decode("utf-8") for t in served["translations"].numpy()] == translator.translate(request_sentences)
+
+
+def test_a_failed_warmup_write_leaves_no_version(tiny_run_dir, tmp_path, monkeypatch):
+    def fail(version_dir, sentences):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(serving_warmup, "write_warmup_requests", fail)
+    base = tmp_path / "failed"
+    with pytest.raises(OSError, match="disk full"):
+        export_saved_model(tiny_run_dir, str(base), max_extra_length=EXTRA, dtype="float32",
+                           warmup_sentences=["A dog."])
+    assert os.listdir(base) == []  # neither the version nor its temporary directory
+
+
+def test_bad_sentences_are_refused_before_the_model_is_loaded(tmp_path):
+    with pytest.raises(ValueError, match="sentence 0 is a int"):
+        export_saved_model(str(tmp_path / "no_run"), str(tmp_path / "out"), warmup_sentences=[3])
 
 
 def test_reexport_keeps_the_requests_unless_told(warmed_export, tmp_path):
@@ -96,13 +120,44 @@ def test_reexport_keeps_the_requests_unless_told(warmed_export, tmp_path):
                                                              warmup_sentences=None)))
     other = export_saved_model(export_dir, str(tmp_path / "other"), warmup_sentences=["Two men."])
     assert read_warmup_requests(other)[0] == ("serving_default", ["Two men."])
+    # In place, over the version it reads from.
+    base = os.path.dirname(other)
+    export_saved_model(other, base, version=1, overwrite=True)
+    assert read_warmup_requests(other)[0] == ("serving_default", ["Two men."])
 
 
-def test_auto_without_validation_data_writes_none_and_says_so(tiny_run_dir, tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="keras_transformer.inference.serving_warmup"):
+def test_auto_takes_the_run_s_validation_sentences(tiny_run_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir, run)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "data": {"spec": "multi30k", "src": "en", "tgt": "de"}}))
+    path = export_saved_model(str(run), str(tmp_path / "auto"), max_extra_length=EXTRA, dtype="float32")
+    validation = read_lines("val", "en")
+    assert [r for _, r in read_warmup_requests(path)] == warmup_requests(validation[:max(DEFAULT_WARMUP_SIZES)])
+
+
+def test_auto_without_validation_data_writes_none_and_says_why(tiny_run_dir, tmp_path, caplog):
+    logger = "keras_transformer.inference.serving_warmup"
+    with caplog.at_level(logging.INFO, logger=logger):
         path = export_saved_model(tiny_run_dir, str(tmp_path / "auto"), max_extra_length=EXTRA, dtype="float32")
     assert not os.path.exists(warmup_path(path))
-    assert "no validation data found" in caplog.text and "--warmup-sentences" in caplog.text
+    assert f"no validation data of {tiny_run_dir} can be read here" in caplog.text
+    assert "--warmup-sentences" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=logger):
+        assert serving_warmup.warmup_for_export("auto", path) is None  # an export without them
+        assert serving_warmup.warmup_for_export("auto", Translator.from_run_dir(tiny_run_dir)) is None
+    assert "is not a run directory, nor an export with warm-up requests" in caplog.text
+    assert "a Translator has no run directory" in caplog.text
+    # Data that cannot be read does not fail the export: a warning says why.
+    files = f"files:{tmp_path}/{{split}}.{{src}},{tmp_path}/{{split}}.{{tgt}}"
+    (tmp_path / "val.en").write_text("one\ntwo\n")
+    (tmp_path / "val.fr").write_text("un\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=logger):
+        assert serving_warmup.warmup_for_export("auto", _config(tmp_path, {"spec": files, "src": "en", "tgt": "fr"})) \
+            is None
+    assert "could not be read" in caplog.text
 
 
 def _config(tmp_path, data, training=None):
@@ -128,7 +183,10 @@ def test_validation_sources_of_the_run_s_data(tmp_path):
     # TensorFlow Datasets could download: not read. A run without data, or no run: None.
     assert run_validation_sources(_config(tmp_path, {"spec": "tfds:wmt14_translate/de-en"})) is None
     assert run_validation_sources(_config(tmp_path, {})) is None
-    assert run_validation_sources(tmp_path / "missing") is None
+    assert run_validation_sources(_config(tmp_path, {"spec": "multi30k", "src": "en", "tgt": "de"},
+                                          {"validation_split": None})) is None  # trained without validation
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        run_validation_sources(tmp_path / "missing")
 
 
 def test_without_tensorflow_serving_api(tiny_run_dir, tmp_path, monkeypatch, caplog):
@@ -136,7 +194,8 @@ def test_without_tensorflow_serving_api(tiny_run_dir, tmp_path, monkeypatch, cap
     with pytest.raises(ImportError, match="pip install tensorflow-serving-api"):
         serving_warmup.warmup_for_export(["A dog."], tiny_run_dir)
     with pytest.raises(ImportError, match="needs the package tensorflow-serving-api"):
-        write_warmup_requests(tmp_path, ["A dog."])
+        write_warmup_requests(tmp_path / "w", ["A dog."])
+    assert not os.path.exists(tmp_path / "w")
     multi30k_run = _config(tmp_path, {"spec": "multi30k", "src": "en", "tgt": "de"})
     with caplog.at_level(logging.WARNING, logger="keras_transformer.inference.serving_warmup"):
         assert serving_warmup.warmup_for_export("auto", multi30k_run) is None

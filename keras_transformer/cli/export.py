@@ -1,6 +1,7 @@
 """`keras-transformer export`: a SavedModel for TensorFlow Serving (strings in, translations out)."""
 
 from keras_transformer.cli.decoding_options import add_search_options
+from keras_transformer.cli.text_files import read_lines
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
@@ -54,11 +55,7 @@ def _warmup_sentences(args):
         return None
     if args.warmup_sentences is None:
         return "auto"
-    try:
-        with open(args.warmup_sentences, encoding="utf-8") as f:
-            sentences = [line.rstrip("\n") for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as error:
-        raise SystemExit(f"export: --warmup-sentences {args.warmup_sentences}: {error}") from None
+    sentences = [line for line in read_lines(args.warmup_sentences, "export --warmup-sentences") if line]
     if not sentences:
         raise SystemExit(f"export: --warmup-sentences {args.warmup_sentences} has no sentences.")
     return sentences

@@ -117,7 +117,7 @@ class _ServingModule(tf.Module):
         self.translate_strings = translator.translate_strings.get_concrete_function()
         self.serving_signatures = {SIGNATURE_NAME: self.translate_strings}
         if n_best:
-            spec = tf.TensorSpec([None], tf.string, name="inputs")
+            spec = tf.TensorSpec([None], tf.string, name=INPUT_NAME)
             n_best_fn = tf.function(lambda inputs: translator.n_best_strings(inputs, n_best), input_signature=[spec])
             self.translate_n_best = n_best_fn.get_concrete_function()
             self.serving_signatures[N_BEST_SIGNATURE_NAME] = self.translate_n_best
@@ -313,7 +313,7 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
         "signature": {
             "name": SIGNATURE_NAME,
             "inputs": {INPUT_NAME: "tf.string [None]"},
-            "outputs": {"translations": "tf.string [None]", "scores": "float32 [None]"},
+            "outputs": dict(zip(OUTPUT_NAMES, ("tf.string [None]", "float32 [None]"))),
         },
         "version": version,
         "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else None,
@@ -359,7 +359,7 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
             "name": N_BEST_SIGNATURE_NAME,
             "n_best": n_best,
             "inputs": {INPUT_NAME: "tf.string [None]"},
-            "outputs": {"translations": f"tf.string [None, {n_best}]", "scores": f"float32 [None, {n_best}]"},
+            "outputs": dict(zip(OUTPUT_NAMES, (f"tf.string [None, {n_best}]", f"float32 [None, {n_best}]"))),
         }
     return info
 
@@ -450,8 +450,8 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         if previous is not None:
             precision_choice = precision_choice if dtype else previous.get("precision_choice")  # ... and why
             n_best = _recorded_n_best(previous) if n_best is None else n_best
+    write_warmup = warmup_for_export(warmup_sentences, source)  # bad sentences are refused before the slow part
     translator = _make_translator(source, options, checkpoint, dtype, previous)
-    write_warmup = warmup_for_export(warmup_sentences, source)
     if n_best is not None:
         translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
     tf.io.gfile.makedirs(output_dir)

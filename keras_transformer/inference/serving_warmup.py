@@ -7,16 +7,17 @@ what the same request costs afterwards (`benchmarks/serving_warmup.py`).
 TensorFlow Serving replays the records of
 `<version>/assets.extra/tf_serving_warmup_requests` when it loads a version
 ("SavedModel Warmup"), and serves the version only afterwards. Each record is a
-`tensorflow_serving.apis.PredictionLog` holding one Predict request; at most
-1,000 records.
+`tensorflow_serving.apis.PredictionLog` holding one Predict request; with more
+than 1,000 records, or a request that fails, the version does not load.
 
 `export_saved_model(..., warmup_sentences=...)` writes them with the export:
 one request of each size in `DEFAULT_WARMUP_SIZES` (1, 8, 64 and 256
 sentences, so the graph runs with small and large batches), its sentences
 taken in order from `warmup_sentences`, again from the start when they run
-out. They should be like what the server will translate: the command line
-takes the first sentences of the run's validation split where it can read
-it (`run_validation_sources`).
+out. They should be like what the server will translate: by default
+(`"auto"`) an export takes the first sentences of the run's validation split
+where it can read it (`run_validation_sources`), and a re-export keeps the
+requests of the version it reads.
 
     from keras_transformer.inference.serving_warmup import write_warmup_requests
     write_warmup_requests("saved_models/multi30k_en_de/1", ["A dog runs.", "Two men are talking."])
@@ -24,9 +25,9 @@ it (`run_validation_sources`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import uuid
 
 import tensorflow as tf
 
@@ -35,7 +36,9 @@ from keras_transformer.inference.signatures import INPUT_NAME, SIGNATURE_NAME
 WARMUP_DIR = "assets.extra"
 WARMUP_FILENAME = "tf_serving_warmup_requests"
 DEFAULT_WARMUP_SIZES = (1, 8, 64, 256)
-MAX_WARMUP_RECORDS = 1000  # TensorFlow Serving reads no more
+MAX_WARMUP_RECORDS = 1000  # TensorFlow Serving refuses to load a version with more
+_NO_SERVING_API = ("Writing TensorFlow Serving warm-up requests needs the package tensorflow-serving-api "
+                   "(pip install tensorflow-serving-api).")
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +63,8 @@ def warmup_requests(sentences, sizes=DEFAULT_WARMUP_SIZES):
             raise ValueError(f"Warm-up sentence {index} is a {type(sentence).__name__}, not a str: {sentence!r}.")
     sizes = list(sizes)
     if not sizes or len(sizes) > MAX_WARMUP_RECORDS:
-        raise ValueError(f"Warm-up requests: 1 to {MAX_WARMUP_RECORDS} sizes (TensorFlow Serving reads at most "
-                         f"{MAX_WARMUP_RECORDS} records), got {len(sizes)}.")
+        raise ValueError(f"Warm-up requests: 1 to {MAX_WARMUP_RECORDS} sizes (TensorFlow Serving refuses to load a "
+                         f"version with more than {MAX_WARMUP_RECORDS} records), got {len(sizes)}.")
     for size in sizes:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"Warm-up request sizes must be positive integers, got {size!r}.")
@@ -71,23 +74,32 @@ def warmup_requests(sentences, sizes=DEFAULT_WARMUP_SIZES):
 def write_warmup_requests(export_dir, sentences, sizes=DEFAULT_WARMUP_SIZES, signature_name=SIGNATURE_NAME):
     """Writes `warmup_requests(sentences, sizes)` for `signature_name` into the version `export_dir`; returns the path.
 
-    Replaces an existing warm-up file. Needs `tensorflow-serving-api` (its
-    `PredictionLog` protos).
+    Replaces an existing warm-up file: written under another name and renamed
+    into place, so a server loading the version never reads half a file (a
+    version already loaded reads it when it loads again). Needs
+    `tensorflow-serving-api` (its `PredictionLog` protos).
     """
     if not _serving_api_installed():
-        raise ImportError(_NO_SERVING_API[0].upper() + _NO_SERVING_API[1:])
+        raise ImportError(_NO_SERVING_API)
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     requests = warmup_requests(sentences, sizes)
     path = warmup_path(export_dir)
     tf.io.gfile.makedirs(os.path.dirname(path))
-    with tf.io.TFRecordWriter(path) as writer:
-        for request_sentences in requests:
-            request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(signature_name=signature_name))
-            encoded = [sentence.encode("utf-8") for sentence in request_sentences]
-            request.inputs[INPUT_NAME].CopyFrom(tf.make_tensor_proto(encoded, dtype=tf.string, shape=[len(encoded)]))
-            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
-            writer.write(log.SerializeToString())
+    partial = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with tf.io.TFRecordWriter(partial) as writer:
+            for request_sentences in requests:
+                request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(signature_name=signature_name))
+                encoded = [sentence.encode("utf-8") for sentence in request_sentences]
+                request.inputs[INPUT_NAME].CopyFrom(tf.make_tensor_proto(encoded, dtype=tf.string,
+                                                                         shape=[len(encoded)]))
+                log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+                writer.write(log.SerializeToString())
+        tf.io.gfile.rename(partial, path, overwrite=True)
+    finally:
+        if tf.io.gfile.exists(partial):
+            tf.io.gfile.remove(partial)
     return path
 
 
@@ -110,22 +122,26 @@ def run_validation_sources(run_dir, limit=max(DEFAULT_WARMUP_SIZES)):
     """Up to `limit` source sentences of the validation split of the data `run_dir` trained on, or None.
 
     Read for the vendored Multi30k and for "files:" data whose validation
-    files exist; None for TensorFlow Datasets (reading it may download it),
-    for a run that records no data, and when the files are missing.
+    files exist (their paths as the run recorded them: relative ones from
+    the current directory); None for TensorFlow Datasets (reading it may
+    download it), for a run that records no data or trained without a
+    validation split, and when the files are missing.
+
+    Raises:
+        FileNotFoundError: `run_dir` has no `config.json`.
+        ValueError: the recorded data cannot be read (unknown spec, files
+            whose line counts differ, invalid UTF-8).
     """
     from keras_transformer.data.spec import DataSpec
+    from keras_transformer.run_dir import read_config
 
-    config_path = os.path.join(os.fspath(run_dir), "config.json")
-    if not os.path.isfile(config_path):
-        return None
-    with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
+    config = read_config(os.fspath(run_dir))
     data = config.get("data") or {}
-    if "spec" not in data:
+    split = (config.get("training") or {}).get("validation_split", "val")
+    if not {"spec", "src", "tgt"} <= set(data) or split is None:
         return None
     spec = DataSpec.parse(data["spec"])
-    src, tgt = data.get("src", "en"), data.get("tgt", "de")
-    split = (config.get("training") or {}).get("validation_split") or "val"
+    src, tgt = data["src"], data["tgt"]
     if spec.kind == "tfds":
         return None
     if spec.kind == "files":
@@ -140,36 +156,57 @@ def warmup_for_export(warmup_sentences, source):
     """What an export writes as its warm-up requests: a function of the new version's directory, or None.
 
     `warmup_sentences` as `export_saved_model` takes it: None (none), a list
-    of sentences (checked here, before the export's slow part), or "auto":
-    an exported version's own requests when `source` is one that has them,
-    else the validation sources of a run directory (`run_validation_sources`),
-    else none (logged).
+    of sentences (checked here, before the export's slow part), or "auto",
+    which never fails an export: an exported version's own requests when
+    `source` is one that has them, else the validation sources of a run
+    directory (`run_validation_sources`), else none (logged, with why).
     """
     if warmup_sentences is None:
         return None
-    is_path = isinstance(source, (str, os.PathLike))
-    auto = isinstance(warmup_sentences, str)
-    if auto and warmup_sentences != "auto":
-        raise ValueError(f"warmup_sentences must be 'auto', None or a list of sentences, got {warmup_sentences!r}.")
-    if auto and is_path and tf.io.gfile.exists(warmup_path(source)):
-        previous = warmup_path(source)
-        return lambda version_dir: _copy(previous, warmup_path(version_dir))
-    sentences = (run_validation_sources(source) if is_path else None) if auto else list(warmup_sentences)
-    if auto and not sentences:
-        logger.info("No TensorFlow Serving warm-up requests written: no validation data found for %s; pass "
-                    "warmup_sentences (export --warmup-sentences FILE) to add them.", source)
-        return None
-    warmup_requests(sentences)  # refuses bad sentences now, before the export's slow part
+    if isinstance(warmup_sentences, str):
+        if warmup_sentences != "auto":
+            raise ValueError(f"warmup_sentences must be 'auto', None or a list of sentences, got {warmup_sentences!r}.")
+        return _auto_warmup(source)
+    sentences = list(warmup_sentences)
+    warmup_requests(sentences)  # refuses bad sentences now
     if not _serving_api_installed():
-        if not auto:
-            raise ImportError(_NO_SERVING_API)
-        logger.warning("No TensorFlow Serving warm-up requests written: %s", _NO_SERVING_API)
-        return None
+        raise ImportError(_NO_SERVING_API)
     return lambda version_dir: write_warmup_requests(version_dir, sentences)
 
 
-_NO_SERVING_API = ("writing warm-up requests needs the package tensorflow-serving-api "
-                   "(pip install tensorflow-serving-api).")
+def _auto_warmup(source):
+    """`warmup_for_export("auto", source)`."""
+    from keras_transformer.run_dir import CONFIG_FILENAME
+
+    if not isinstance(source, (str, os.PathLike)):
+        return _none("a Translator has no run directory to take validation sentences from")
+    if tf.io.gfile.exists(warmup_path(source)):
+        previous = warmup_path(source)
+        return lambda version_dir: _copy(previous, warmup_path(version_dir))
+    if not os.path.isfile(os.path.join(os.fspath(source), CONFIG_FILENAME)):
+        return _none(f"{source} is not a run directory, nor an export with warm-up requests")
+    try:
+        sentences = run_validation_sources(source)
+    except (OSError, ValueError, tf.errors.OpError) as error:
+        return _none(f"the validation data of {source} could not be read ({error})", logging.WARNING)
+    if not sentences:
+        return _none(f"no validation data of {source} can be read here")
+    if not _serving_api_installed():
+        return _none(_NO_SERVING_API, logging.WARNING)
+    return lambda version_dir: write_warmup_requests(version_dir, sentences)
+
+
+def _none(reason, level=logging.INFO):
+    logger.log(level, "No TensorFlow Serving warm-up requests written: %s. Pass warmup_sentences "
+               "(export --warmup-sentences FILE) to add them.", reason.rstrip("."))
+    return None
+
+
+def _copy(source_path, target_path):
+    """Copies an export's warm-up file to a new version's place for it; returns that path."""
+    tf.io.gfile.makedirs(os.path.dirname(target_path))
+    tf.io.gfile.copy(source_path, target_path, overwrite=True)
+    return target_path
 
 
 def _serving_api_installed():
@@ -178,9 +215,3 @@ def _serving_api_installed():
     except ImportError:
         return False
     return True
-
-
-def _copy(source_path, target_path):
-    tf.io.gfile.makedirs(os.path.dirname(target_path))
-    tf.io.gfile.copy(source_path, target_path, overwrite=True)
-    return target_path

@@ -36,6 +36,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_TRANSLATE_BATCH_SIZE,
     EXTRA_OUTPUT_LENGTH,
 )
+from keras_transformer.inference.signatures import INPUT_NAME, N_BEST_SIGNATURE_NAME, SIGNATURE_NAME
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class Translator(tf.Module):
         eos = tf.fill([tf.shape(sentences)[0], 1], tf.constant(EOS_ID, pieces.dtype))
         return tf.concat([pieces, eos], axis=1).to_tensor(default_value=PAD_ID)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_NAME)])
     def translate_strings(self, inputs):
         """`inputs` tf.string `[N]` -> `{"translations": tf.string [N], "scores": float32 [N]}`.
 
@@ -297,14 +298,14 @@ class SavedModelTranslator:
 
         self.path = resolve_saved_model_dir(path)
         self._loaded = tf.saved_model.load(self.path)
-        self._serve = self._loaded.signatures["serving_default"]
+        self._serve = self._loaded.signatures[SIGNATURE_NAME]
 
     def translate_strings(self, inputs):
         return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
 
     def n_best_strings(self, inputs, n_best):
         """The export's "translate_n_best" signature, cut to `n_best` (at most the exported N)."""
-        signature = self._loaded.signatures.get("translate_n_best")
+        signature = self._loaded.signatures.get(N_BEST_SIGNATURE_NAME)
         if signature is None:
             raise ValueError(f"{self.path} was exported without --n-best: it has no translate_n_best signature.")
         exported = signature.structured_outputs["translations"].shape[1]
