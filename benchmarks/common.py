@@ -40,6 +40,7 @@ import platform
 import resource
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -193,6 +194,20 @@ def package_versions(names):
 
 def log(message):
     print(message, file=sys.stderr, flush=True)
+
+
+def json_from_process(command, label, env=None):
+    """Runs `command`, a worker that prints its result as a JSON line last, in a fresh process: that result.
+
+    Raises:
+        RuntimeError: the worker failed or printed no JSON line; the message
+            names `label` and ends with the worker's last stderr.
+    """
+    completed = subprocess.run(command, env=env, capture_output=True, text=True)
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        raise RuntimeError(f"{label} failed (exit {completed.returncode}):\n{completed.stderr[-2000:]}")
+    return json.loads(lines[-1])
 
 
 def run_alternating(systems: List[System], repeats: int) -> List[Result]:

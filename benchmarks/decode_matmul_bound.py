@@ -26,7 +26,6 @@ import collections
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -118,12 +117,7 @@ def run_variant(name, argv):
     """One variant's `(median ms per step, HLO summary)`, measured in a fresh process with its `XLA_FLAGS`."""
     dtype, jit_compile, flags = variants()[name]
     env = dict(os.environ, XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), flags])))
-    completed = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--worker", name],
-                               env=env, capture_output=True, text=True)
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-    if completed.returncode != 0 or not lines:
-        raise RuntimeError(f"{name} failed (exit {completed.returncode}):\n{completed.stderr[-2000:]}")
-    result = json.loads(lines[-1])
+    result = common.json_from_process([sys.executable, os.path.abspath(__file__), *argv, "--worker", name], name, env)
     return result["ms_per_step"], result["hlo"]
 
 

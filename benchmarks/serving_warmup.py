@@ -21,7 +21,6 @@ over `--rounds` rounds that alternate the two.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -39,6 +38,7 @@ def serve(export_dir, mode, sizes):
 
     from keras_transformer.data.corpora import read_lines
     from keras_transformer.inference.serving_warmup import read_warmup_requests
+    from keras_transformer.inference.signatures import INPUT_NAME, SIGNATURE_NAME
 
     started = time.perf_counter()
     graph = tf.Graph()
@@ -51,7 +51,7 @@ def serve(export_dir, mode, sizes):
     def request(signature_name, sentences):
         signature = signatures[signature_name]
         start = time.perf_counter()
-        session.run(signature.outputs["translations"].name, {signature.inputs["inputs"].name: sentences})
+        session.run(signature.outputs["translations"].name, {signature.inputs[INPUT_NAME].name: sentences})
         return time.perf_counter() - start
 
     if mode == "warmed":
@@ -65,8 +65,8 @@ def serve(export_dir, mode, sizes):
     for size in sizes:
         batches.append(test[offset:offset + size])
         offset += size
-    result["first"] = {str(len(batch)): request("serving_default", batch) for batch in batches}
-    result["again"] = {str(len(batch)): request("serving_default", batch) for batch in batches}
+    result["first"] = {str(len(batch)): request(SIGNATURE_NAME, batch) for batch in batches}
+    result["again"] = {str(len(batch)): request(SIGNATURE_NAME, batch) for batch in batches}
     return result
 
 
@@ -74,12 +74,7 @@ def run_worker(export_dir, mode, sizes):
     """`serve` in a fresh process; its result."""
     command = [sys.executable, os.path.abspath(__file__), export_dir, "--worker", mode,
                "--sizes", ",".join(map(str, sizes))]
-    completed = subprocess.run(command, capture_output=True, text=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-    if completed.returncode != 0 or not lines:
-        raise RuntimeError(f"{mode} worker failed (exit {completed.returncode}):\n{completed.stderr[-2000:]}")
-    return json.loads(lines[-1])
+    return common.json_from_process(command, f"{mode} worker", dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 def summarize(rounds):

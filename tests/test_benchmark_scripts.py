@@ -224,7 +224,7 @@ def test_matmul_bound_runs_each_variant_in_a_process_with_its_xla_flags(tmp_path
         stdout = f'noise\n{{"ms_per_step": {ms + len(calls) * 1e-3}, "hlo": {hlo}}}\n'
         return subprocess.CompletedProcess(command, 0, stdout=stdout, stderr="")
 
-    monkeypatch.setattr(decode_matmul_bound.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")  # the user's own flags are kept
     out = tmp_path / "bound.json"
     decode_matmul_bound.main(["--only", "graph,XLA oneDNN fusion", "--rounds", "2", "--json", str(out)])
@@ -268,7 +268,7 @@ def test_hlo_summary_counts_dots_and_library_fusions():
 
 
 def test_matmul_bound_failing_worker_says_which_variant(monkeypatch):
-    monkeypatch.setattr(decode_matmul_bound.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
+    monkeypatch.setattr(subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
         command, 1, stdout="", stderr="Unknown flag --xla_cpu_foo"))
     with pytest.raises(RuntimeError, match="XLA bfloat16 failed .exit 1.:\n.*Unknown flag"):
         decode_matmul_bound.run_variant("XLA bfloat16", [])
