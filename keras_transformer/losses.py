@@ -177,6 +177,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     Args:
         label_smoothing: epsilon_ls; 0.1 in the paper.
         pad_id: label id to ignore.
+        reduction: only Keras' default, "sum_over_batch_size": the loss is
+            always the mean over real tokens; `call()` gives the per-token
+            losses.
 
     Call arguments:
         y_true: int labels `[B, T]`.
@@ -190,6 +193,10 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     """
 
     def __init__(self, label_smoothing=0.1, pad_id=PAD_ID, name="label_smoothed_cross_entropy", **kwargs):
+        reduction = kwargs.get("reduction", "sum_over_batch_size")
+        if reduction != "sum_over_batch_size":
+            raise ValueError(f"LabelSmoothedCrossEntropy always averages over the real tokens; reduction="
+                             f"{reduction!r} is not supported (call() returns the per-token losses).")
         super().__init__(name=name, **kwargs)
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
@@ -204,12 +211,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         labels = ops.cast(y_true, "int32")
-        weights = ops.cast(labels != self.pad_id, "float32")
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            while len(sample_weight.shape) < len(weights.shape):
-                sample_weight = sample_weight[..., None]
-            weights = weights * sample_weight
+        weights = _token_weights(labels, self.pad_id, sample_weight)
         # Keras sums the replicas' gradients: dividing each replica's sum by the
         # global count makes that sum the gradient of the global mean.
         weights = weights / ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
@@ -220,6 +222,17 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def get_config(self):
         return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
+
+
+def _token_weights(labels, pad_id, sample_weight=None):
+    """float32 `[B, T]`: 1 for real tokens, 0 at padding, times `sample_weight` (`[B]` per sentence or `[B, T]`)."""
+    weights = ops.cast(labels != pad_id, "float32")
+    if sample_weight is None:
+        return weights
+    sample_weight = ops.cast(sample_weight, "float32")
+    while len(sample_weight.shape) < len(weights.shape):
+        sample_weight = sample_weight[..., None]
+    return weights * sample_weight
 
 
 def _argmax(logits):
@@ -259,10 +272,7 @@ class MaskedAccuracy(keras.metrics.Mean):
         labels = ops.cast(y_true, "int32")
         predictions = _argmax(y_pred)
         correct = ops.cast(ops.equal(predictions, labels), "float32")
-        weights = ops.cast(labels != self.pad_id, "float32")
-        if sample_weight is not None:
-            weights = weights * ops.cast(sample_weight, "float32")
-        return super().update_state(correct, sample_weight=weights)
+        return super().update_state(correct, sample_weight=_token_weights(labels, self.pad_id, sample_weight))
 
     def get_config(self):
         return {**super().get_config(), "pad_id": self.pad_id}

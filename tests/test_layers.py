@@ -484,3 +484,63 @@ def test_input_projection_computed_beforehand_gives_the_same_output(dtype, use_b
                                    rtol=1e-2 if dtype != "float32" else 1e-6)
         np.testing.assert_array_equal(np.asarray(ops.cast(layer(query, key_value, projection=projection), "float32")),
                                       np.asarray(ops.cast(expected, "float32")))
+
+
+def test_layers_with_extra_outputs_build_functional_models():
+    """Symbolic calls return the same structure as eager ones (attention weights, caches)."""
+    query, memory = keras.Input((5, 8)), keras.Input((3, 8))
+    output, weights = MultiHeadAttention(num_heads=2, key_dim=4)(query, return_attention_scores=True)
+    assert tuple(output.shape) == (None, 5, 8) and tuple(weights.shape) == (None, 2, 5, 5)
+    encoded, encoder_weights = Encoder(num_layers=2, num_heads=2, d_ff=16)(query, return_attention_scores=True)
+    assert len(encoder_weights) == 2 and tuple(encoder_weights[0].shape) == (None, 2, 5, 5)
+    decoded, decoder_weights = Decoder(num_layers=1, num_heads=2, d_ff=16)(query, memory, return_attention_scores=True)
+    assert tuple(decoder_weights["cross"][0].shape) == (None, 2, 5, 3)
+    model = keras.Model([query, memory], [output, weights, encoded, decoded])
+    outputs = model([np.ones((2, 5, 8), "float32"), np.ones((2, 3, 8), "float32")])
+    assert [tuple(o.shape) for o in outputs] == [(2, 5, 8), (2, 2, 5, 5), (2, 5, 8), (2, 5, 8)]
+
+
+def test_attention_refuses_masks_and_inputs_of_other_ranks():
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, name="mha")
+    x = np.ones((2, 3, 8), "float32")
+    with pytest.raises(ValueError, match=r"mha: attention_mask must be \[B, S\]"):
+        layer(x, attention_mask=np.ones((2, 1, 3, 3), bool))
+    with pytest.raises(ValueError, match=r"mha: query must be \[B, T, D\], got shape \(3, 8\)"):
+        layer(x[0])
+    padding = np.array([[True, True, False], [True, False, False]])
+    np.testing.assert_allclose(layer(x, attention_mask=padding), layer(x, attention_mask=padding[:, None]),
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("index", [-1, 5])
+def test_growing_cache_refuses_an_index_it_cannot_take(index):
+    """A growing cache keeps its rows before cache_index: a gap or a negative index would misplace the keys."""
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.ones((1, 1, 8), "float32")
+    layer(x)
+    with pytest.raises(ValueError, match="cache_index must be >= 0|cannot take positions from 5"):
+        layer(x, use_causal_mask=True, cache=layer.init_cache(1, 4), cache_index=index)
+
+
+def test_growing_cache_at_a_tensor_index_past_its_end_gives_nan_in_a_graph():
+    import tensorflow as tf
+
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.random.default_rng(3).normal(size=(1, 1, 8)).astype("float32")
+    layer(x)
+    step = tf.function(lambda index: layer(x, use_causal_mask=True, cache=layer.init_cache(1, 2), cache_index=index))
+    assert np.isnan(np.asarray(step(tf.constant(3))[0])).all()
+    assert np.isfinite(np.asarray(step(tf.constant(2))[0])).all()  # grows the 2 rows by one
+
+
+def test_learned_positions_past_the_table_give_nan_under_xla():
+    """XLA clamps the gather to the last row; NaN shows the broken contract instead."""
+    import tensorflow as tf
+
+    layer = LearnedPositionalEmbedding(max_length=4)
+    x = np.zeros((1, 1, 6), "float32")
+    layer(x)
+    at = tf.function(lambda start: layer(x, start_index=start), jit_compile=True)
+    assert np.isnan(np.asarray(at(tf.constant(10)))).all()
+    np.testing.assert_allclose(at(tf.constant(3)), np.asarray(layer.position_embeddings)[None, 3:4], atol=1e-6)
+

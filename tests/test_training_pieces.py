@@ -321,3 +321,24 @@ def test_masked_accuracy_counts_only_real_tokens():
     logits[0, 0, 2] = logits[0, 1, 3] = logits[0, 2, 1] = logits[0, 3, 4] = 1.0
     metric.update_state(np.array([[2, 3, 4, 0]]), logits)  # right, right, wrong, pad
     assert float(metric.result()) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("batch", [2, 3])  # 3: as many sentences as tokens, where [B] would broadcast over T
+def test_masked_accuracy_takes_a_weight_per_sentence_as_the_loss_does(batch):
+    logits = np.zeros((batch, 3, 5), "float32")
+    labels = np.ones((batch, 3), "int32")
+    logits[0, :, 1] = 1.0  # sentence 0 all right, the others all wrong
+    per_sentence = np.zeros(batch, "float32")
+    per_sentence[0] = 1.0
+    metric = MaskedAccuracy()
+    metric.update_state(labels, logits, sample_weight=per_sentence)
+    assert float(metric.result()) == pytest.approx(1.0)
+    per_token = MaskedAccuracy()
+    per_token.update_state(labels, logits, sample_weight=np.repeat(per_sentence[:, None], 3, axis=1))
+    assert float(per_token.result()) == pytest.approx(1.0)
+
+
+def test_loss_refuses_a_reduction_it_would_ignore():
+    with pytest.raises(ValueError, match="reduction='none' is not supported"):
+        LabelSmoothedCrossEntropy(0.1, reduction="none")
+    LabelSmoothedCrossEntropy(0.1, reduction="sum_over_batch_size")  # Keras' default: what it does

@@ -95,16 +95,18 @@ class MultiHeadAttention(keras.layers.Layer):
         query: `[B, T, D]`.
         key_value: `[B, S, D_kv]` memory to attend to, or None for
             self-attention (keys and values come from `query`).
-        attention_mask: boolean, True where attention is allowed, broadcastable
-            to `[B, T, S]`; `[B, 1, S]` masks padded keys.
+        attention_mask: boolean, True where attention is allowed: `[B|1, T|1, S]`
+            (`[B, 1, S]` masks padded keys), or `[B, S]` for key padding
+            alone. Other ranks raise.
         use_causal_mask: forbid query t to attend to keys after t (§3.2.3);
             with a self-attention cache, "after" counts from `cache_index`.
         cache: see above.
         cache_index: int scalar, position of the first query in the cache.
             A preallocated cache must hold positions `[cache_index,
-            cache_index + T)`: a Python int that does not fit raises; a
-            tensor one, checked only as it runs, makes the output NaN (XLA
-            would clamp the write to the cache's end and cannot raise).
+            cache_index + T)`, a growing one at most `cache_index` positions:
+            a Python int that breaks this (or is negative) raises; a tensor
+            one, checked only as it runs, makes the output NaN (XLA would
+            clamp the write to the cache's end and cannot raise).
         return_attention_scores: also return the weights `[B, N, T, S]`.
         training: enables dropout.
         projection: `input_projection()` (with `self_attention` matching
@@ -270,6 +272,9 @@ class MultiHeadAttention(keras.layers.Layer):
         mask = None
         if attention_mask is not None:
             mask = ops.cast(attention_mask, "bool")
+            if len(mask.shape) not in (2, 3):
+                raise ValueError(f"{self.name}: attention_mask must be [B, S] (key padding) or [B|1, T|1, S], "
+                                 f"got shape {tuple(mask.shape)}.")
             if len(mask.shape) == 2:  # [B, S]: key padding
                 mask = mask[:, None, :]
             mask = mask[:, None, :, :]  # [B, 1, T|1, S]
@@ -297,21 +302,24 @@ class MultiHeadAttention(keras.layers.Layer):
 
     @staticmethod
     def _overflow_poison(cache, steps, index):
-        """For an in-place write of `steps` rows at a tensor `index`: 0, or NaN if they do not fit.
+        """For a write of `steps` rows at a tensor `index`: 0, or NaN if the cache cannot take them.
 
         A scalar of the cache's dtype, NaN unless `0 <= index` and
-        `index + steps <= S`; None when there is nothing to check at run time
-        (a growing cache, or a Python int `index`, which `_write_cache`
-        checks at once). XLA's dynamic-update-slice clamps an out-of-range
+        `index + steps <= S` (in place) or `index <= S` (a growing cache,
+        which keeps its rows before `index`); None for a Python int `index`,
+        which `_write_cache` checks at once. XLA's dynamic-update-slice clamps an out-of-range
         start, so a write past the end would silently overwrite the last
         rows; XLA also drops `tf.debugging` asserts and `check_numerics`
         (TF 2.21 under `jit_compile=True` runs them without error). Adding
         this scalar to the written rows and to the layer's output makes a
         broken contract visible as NaN instead.
         """
-        if not in_place_cache_writes() or isinstance(index, int):
+        if isinstance(index, int):
             return None
-        outside = ops.logical_or(index < 0, index + steps > ops.shape(cache)[2])
+        rows = ops.shape(cache)[2]
+        # In place the T rows must fit; a growing cache takes rows [0, index) as they are, so index <= S.
+        end = index + steps if in_place_cache_writes() else index
+        outside = ops.logical_or(index < 0, end > rows)
         return ops.cast(ops.where(outside, float("nan"), 0.0), cache.dtype)
 
     @staticmethod
@@ -330,10 +338,11 @@ class MultiHeadAttention(keras.layers.Layer):
         from an empty cache and only ever copy and attend over the rows in use.
         """
         update = ops.cast(update, cache.dtype)
+        rows, steps = cache.shape[2], update.shape[2]
+        if isinstance(index, int) and index < 0:
+            raise ValueError(f"cache_index must be >= 0, got {index}.")
         if in_place_cache_writes():
-            rows, steps = cache.shape[2], update.shape[2]
-            if (isinstance(index, int) and rows is not None and steps is not None
-                    and (index < 0 or index + steps > rows)):
+            if isinstance(index, int) and rows is not None and steps is not None and index + steps > rows:
                 raise ValueError(
                     f"A self-attention cache of {rows} positions has no room for positions "
                     f"{index}..{index + steps - 1}: preallocate it with `init_cache`."
@@ -342,6 +351,9 @@ class MultiHeadAttention(keras.layers.Layer):
             if poison is not None:
                 update = update + poison
             return ops.slice_update(cache, (0, 0, index, 0), update)
+        if isinstance(index, int) and rows is not None and index > rows:
+            raise ValueError(f"A self-attention cache of {rows} positions cannot take positions from {index}: "
+                             f"a growing cache holds exactly the positions before cache_index.")
         steps = ops.shape(update)[2]
         return ops.concatenate([cache[:, :, :index], update, cache[:, :, index + steps :]], axis=2)
 
@@ -357,6 +369,9 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
         projection=None,
     ):
+        for name, tensor in (("query", query), ("key_value", key_value)):
+            if tensor is not None and len(tensor.shape) != 3:
+                raise ValueError(f"{self.name}: {name} must be [B, T, D], got shape {tuple(tensor.shape)}.")
         offset, poison = 0, None
         if key_value is None:
             q, k, v = self._project_qkv(query, projection)
@@ -390,9 +405,6 @@ class MultiHeadAttention(keras.layers.Layer):
         if cache is not None:
             results += (cache,)
         return results[0] if len(results) == 1 else results
-
-    def compute_output_shape(self, query_shape, key_value_shape=None):
-        return tuple(query_shape[:-1]) + (self.output_dim or query_shape[-1],)
 
     def get_config(self):
         config = super().get_config()

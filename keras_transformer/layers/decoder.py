@@ -135,9 +135,6 @@ class DecoderLayer(TransformerLayer):
         new_cache = result.pop(0) if cache is not None else None
         return output, weights, new_cache
 
-    def compute_output_shape(self, inputs_shape, memory_shape=None):
-        return inputs_shape
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Decoder(TransformerStack):
@@ -269,6 +266,3 @@ class Decoder(TransformerStack):
             # anything a caller keeps beside them) passes through.
             results += ({**cache, "self": new_self_cache},)
         return results[0] if len(results) == 1 else results
-
-    def compute_output_shape(self, inputs_shape, memory_shape=None):
-        return inputs_shape

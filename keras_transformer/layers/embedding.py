@@ -78,6 +78,7 @@ class SharedEmbedding(keras.layers.Layer):
     def call(self, token_ids):
         if not self.built:
             self.build()
+        # Cast, not refused: Keras builds models from shapes with float placeholders.
         token_ids = ops.cast(token_ids, "int32")
         vectors = ops.take(self.embeddings, token_ids, axis=0)
         if self.scale:

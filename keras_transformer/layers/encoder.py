@@ -78,9 +78,6 @@ class EncoderLayer(TransformerLayer):
         x = self.feed_forward_connection(x, y, training=training)
         return (x, weights) if return_attention_scores else x
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Encoder(TransformerStack):
@@ -144,6 +141,3 @@ class Encoder(TransformerStack):
 
     def compute_mask(self, inputs, mask=None):
         return mask
-
-    def compute_output_shape(self, input_shape):
-        return input_shape

@@ -13,6 +13,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer import compat
 from keras_transformer.layers.initialization import initializer_for_weight
 
 
@@ -74,7 +75,9 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     """Adds a learned embedding of each position (Table 3, row E).
 
     Args:
-        max_length: number of positions the table covers; longer inputs are an error.
+        max_length: number of positions the table covers; longer inputs are an
+            error (a ValueError when the length is known, TensorFlow's gather
+            error as the graph runs, NaN outputs under XLA, which cannot raise).
         initializer: initializer of the table.
 
     Call arguments:
@@ -108,7 +111,12 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             )
         if positions is None:
             positions = ops.arange(ops.shape(inputs)[1]) + start_index
-        return inputs + ops.take(self.position_embeddings, positions, axis=0)[None, :, :]
+        outputs = inputs + ops.take(self.position_embeddings, positions, axis=0)[None, :, :]
+        if _gather_may_clamp():
+            # XLA clamps an out-of-range gather to the table's last row and cannot raise: NaN makes it visible.
+            outside = ops.any(ops.logical_or(positions < 0, positions >= self.max_length))
+            outputs = outputs + ops.cast(ops.where(outside, float("nan"), 0.0), outputs.dtype)
+        return outputs
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -119,3 +127,12 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             {"max_length": self.max_length, "initializer": keras.initializers.serialize(self.initializer)}
         )
         return config
+
+
+def _gather_may_clamp():
+    """Whether a gather out of range may return a row instead of raising: under XLA (and on other backends)."""
+    if keras.backend.backend() != "tensorflow":
+        return True
+    import tensorflow as tf
+
+    return not tf.executing_eagerly() and compat.graph_is_compiled_by_xla()
