@@ -101,3 +101,27 @@ def test_resume_keeps_config_json_and_appends_the_changes(tmp_path, spm500):
     assert resume["step"] == 2
     assert resume["changed"] == {"max_steps": 4}  # only what differs from config.json
     assert resume["data"]["total_steps"] == 4
+
+
+@pytest.mark.parametrize("argv, average_last, average_fraction", [
+    ([], 10, 0.2),  # a command's defaults: averaging over the final fifth
+    (["--average-last", "1"], 1, None),  # no averaging: the default fraction goes with it
+    (["--average-fraction", "none"], 10, None),
+    (["--average-last", "5", "--average-fraction", "0.5"], 5, 0.5),
+])
+def test_a_default_average_fraction_applies_only_when_averaging(argv, average_last, average_fraction):
+    args = parsed(argv, dict(average_last=10, average_fraction=0.2))
+    assert (args.average_last, args.average_fraction) == (average_last, average_fraction)
+
+
+def test_an_explicit_average_fraction_without_averaging_is_refused():
+    with pytest.raises(ValueError, match="average_fraction"):
+        parsed(["--average-last", "1", "--average-fraction", "0.2"], dict(average_last=10, average_fraction=0.2))
+
+
+def test_help_shows_a_commands_own_defaults():
+    parser = train_cli.add_training_arguments(
+        argparse.ArgumentParser(), dict(epochs=40, average_last=10, average_fraction=0.2, validate_bleu_every=500))
+    text = " ".join(parser.format_help().split())
+    for shown in ("training data (default 40)", "20 big; default 10)", "(default 0.2)", "TensorBoard); default 500"):
+        assert shown in text

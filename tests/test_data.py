@@ -239,6 +239,44 @@ def test_load_tfds_with_mock_data():
     assert any(b"  " in r["en"] + r["de"] for r in raw)
 
 
+def test_load_tfds_reads_the_files_in_an_order_of_its_shuffle_seed(monkeypatch):
+    """A training stream resumed with another seed begins elsewhere in the split: tfds shuffles its files."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    calls = []
+    with tfds.testing.mock_data(num_examples=6):
+        as_dataset = tfds.core.DatasetBuilder.as_dataset
+
+        def recording(builder, *args, **kwargs):
+            calls.append(kwargs)
+            return as_dataset(builder, *args, **kwargs)
+
+        monkeypatch.setattr(tfds.core.DatasetBuilder, "as_dataset", recording)
+        in_order = list(data.load_tfds("wmt14_translate/de-en").as_numpy_iterator())
+        seeded = list(data.DataSpec.parse("tfds:wmt14_translate/de-en").load(shuffle_seed=7).as_numpy_iterator())
+    assert calls[0]["shuffle_files"] is False
+    assert calls[1]["shuffle_files"] is True and calls[1]["read_config"].shuffle_seed == 7
+    assert sorted(seeded) == sorted(in_order)
+
+
+def test_normalize_in_graph_normalizes_as_normalize_line():
+    """tfds text (in the graph) and text files (in Python) give the same pairs: a line of only
+    U+00A0 or U+3000 is empty (and skipped) either way. Python's str.strip() strips every
+    character of str.isspace(): the Unicode space separators and more."""
+    import sys
+
+    from keras_transformer.data.text import normalize_in_graph
+
+    whitespace = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    assert "\u00a0" in whitespace and "\u3000" in whitespace and "\x85" in whitespace
+    not_whitespace = ["\u200b", "\ufeff", "\u180e", "\x00", "\x1b", "x", "é"]
+    lines = []
+    for c in whitespace + not_whitespace:
+        lines += [c, c * 3, f"{c}a b{c}", f"a{c}b", f"{c} \t a\t\tb {c}{c}", f" {c}Ein Hund{c} "]
+    in_graph = [s.decode("utf-8") for s in normalize_in_graph(tf.constant(lines)).numpy()]
+    assert in_graph == [data.normalize_line(line) for line in lines]
+    assert data.normalize_line("\u00a0\u3000") == "" == in_graph[lines.index("\u00a0" * 3)]
+
+
 # ---------------------------------------------------------------------------
 # make_batches
 # ---------------------------------------------------------------------------

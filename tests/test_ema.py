@@ -1,6 +1,7 @@
 """--ema: the final model is the exponential moving average of the training weights, and training
 itself is not changed by keeping one (also across several fit() calls)."""
 
+import json
 import shutil
 
 import numpy as np
@@ -83,3 +84,23 @@ def test_ema_options_are_checked():
         training.TrainingArgs(ema=1.5)
     with pytest.raises(ValueError, match="use one of them"):
         training.TrainingArgs(ema=0.99, average_last=5)
+
+
+def test_a_resume_that_would_not_load_the_optimizer_state_is_refused(tmp_path, spm500):
+    """Keras skips loading an optimizer whose variables differ (with and without --ema) with a
+    warning only: Adam's moments and the schedule's step would start over under "resumed from
+    step N". --ema is an option a resume cannot change, and an optimizer left unloaded is an error
+    (here a run recorded before --ema could be compared, so only the second check catches it)."""
+    run_dir = tmp_path / "run"
+    training.train(run_args(run_dir, spm500, max_steps=2))
+    state = json.loads((run_dir / "backup" / "state.json").read_text())
+    assert (state["step"], state["iterations"]) == (2, 2)
+    with pytest.raises(ValueError, match=r"--ema \(None -> 0.9\)"):
+        training.train(run_args(run_dir, spm500, max_steps=4, ema=0.9))
+    config = json.loads((run_dir / "config.json").read_text())
+    del config["training"]["ema"]
+    (run_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"optimizer state in .*state-00000002.weights.h5 was not loaded: the "
+                                         r"optimizer is at 0 updates, not 2.*another --ema"):
+        training.train(run_args(run_dir, spm500, max_steps=4, ema=0.9))
+    assert training.train(run_args(run_dir, spm500, max_steps=4)).resumed_from == 2  # without --ema: it goes on

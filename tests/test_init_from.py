@@ -83,6 +83,15 @@ def test_resume_optimizer_continues_the_step_count(base_run, tmp_path):
     assert iterations.start == 6  # the base run's optimizer stopped after 6 updates
 
 
+def test_resume_optimizer_with_another_ema_is_refused(base_run, tmp_path):
+    """Keras would skip the other run's optimizer state (other variables) with a warning only,
+    and the run would start with a fresh Adam and warmup while saying it took them."""
+    base_dir, spec = base_run
+    with pytest.raises(ValueError, match=r"optimizer state in .*backup.* was not loaded: the optimizer is at 0 "
+                                         r"updates, not 6.*leave out --resume-optimizer"):
+        training.train(fine_tune_args(tmp_path / "ema", base_dir, spec, resume_optimizer=True, ema=0.9))
+
+
 def test_a_vocabulary_or_architecture_mismatch_is_refused(base_run, tmp_path):
     base_dir, spec = base_run
     other = tmp_path / "other"

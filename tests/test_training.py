@@ -170,6 +170,15 @@ def test_checkpoints_to_average_within_the_runs_final_fraction():
         training.TrainingArgs(average_fraction=1.5)
 
 
+@pytest.mark.parametrize("average_last", [0, 1])
+def test_average_fraction_without_an_average_is_refused(average_last):
+    """It chooses among the checkpoints --average-last averages: without them it would do nothing."""
+    with pytest.raises(ValueError, match=r"average_fraction \(0.2\) chooses among .* average_last is "
+                                         f"{average_last}.*--average-fraction none"):
+        training.TrainingArgs(average_fraction=0.2, average_last=average_last)
+    assert training.TrainingArgs(average_fraction=0.2, average_last=2).average_fraction == 0.2
+
+
 def test_average_checkpoints_is_the_elementwise_mean(tmp_path):
     from keras_transformer import Transformer, TransformerConfig
 
@@ -437,6 +446,7 @@ def test_resuming_with_another_model_is_refused(tmp_path, spm500):
     ({"lr_scale": 2.0}, r"--lr-scale \(1.0 -> 2.0\)"),
     ({"precision": "mixed_bfloat16"}, r"--precision \('float32' -> 'mixed_bfloat16'\)"),
     ({"pad_to_multiple_of": 1}, r"--pad-to-multiple-of \(8 -> 1\)"),
+    ({"ema": 0.999}, r"--ema \(None -> 0.999\)"),  # another optimizer: Keras would skip loading its state
 ])
 def test_resuming_with_another_schedule_precision_or_batching_is_refused(tmp_path, spm500, change, message):
     """A resume that would change the learning rate, the precision or the batches is another experiment."""
@@ -612,6 +622,55 @@ def test_streamed_corpora_batches(spm500):
     assert first[:20] != in_order
     resumed = rows(5, 10)
     assert resumed != first[:len(resumed)]
+
+
+def test_a_streamed_corpus_goes_on_from_one_fit_call_to_the_next(monkeypatch):
+    """A corpus of more pairs than one pool holds is streamed. The fit calls of a process (one
+    per epoch with --steps-per-execution > 1) read one stream, in passes over all the pairs:
+    not a new stream per call, each starting at the corpus's first pairs."""
+    import tensorflow as tf
+
+    monkeypatch.setattr(training_stream.data, "MAX_DEFAULT_POOL_SIZE", 1000)
+
+    class NumberTokenizer:  # the pair "i" is the one token i + 4 (ids 0-3 are special)
+        def tokenize(self, strings):
+            return tf.RaggedTensor.from_tensor(tf.reshape(tf.strings.to_number(strings, tf.int32) + 4, [-1, 1]))
+
+    numbers = [str(i) for i in range(3000)]
+    text = tf.data.Dataset.from_tensor_slices((numbers, numbers))
+    args = training.TrainingArgs(output="unused", data="files:a,b", batch_tokens=512, steps_per_epoch=10)
+
+    def pairs(batches):
+        seen = []
+        for (source, _), _ in batches:
+            source = source.numpy()
+            seen.extend((source[source > 3] - 4).tolist())
+        return seen
+
+    stream = training_stream.TrainingData(args, NumberTokenizer(), text, 1, 64)
+    assert stream.streamed
+    calls = [pairs(stream.batches(10 * epoch, 10, 10)) for epoch in range(4)]  # 4 fit calls of 10 batches
+    seen = sum(calls, [])
+    assert len(seen) == 4 * 10 * 64  # 64 pairs per batch
+    assert len(set(seen)) == len(seen)  # 2,560 different pairs of the 3,000: one pass, from all over the corpus
+    # A resumed process starts a new stream (seeded by its step), not the first one again.
+    resumed = training_stream.TrainingData(args, NumberTokenizer(), text, 1, 64)
+    assert pairs(resumed.batches(20, 10, 1)) != calls[0][:64]
+
+
+def test_files_without_split_are_not_validated_on_as_val(tmp_path, spm500):
+    """`files:` paths without {split} are the same files for every split: the default
+    --validation-split val would validate (and keep the best, stop early) on the training data."""
+    plain = f"files:{tmp_path}/a.en,{tmp_path}/a.de"
+    output = new_run_dir(tmp_path / "run", spm500)
+    with pytest.raises(ValueError, match=r"validation split 'val' would be the training files .* "
+                                         r"no \{split\}.*--validation-split none"):
+        training.train(training.TrainingArgs(output=str(output), data=plain, preset="tiny", vocab_size=500))
+    from keras_transformer.data import DataSpec
+
+    for data, split in ((plain, "train"),  # asked for by name
+                        (f"files:{tmp_path}/{{split}}.en,{tmp_path}/{{split}}.de", "val")):
+        loop._check_validation_files(DataSpec.parse(data), training.TrainingArgs(data=data, validation_split=split))
 
 
 # ----------------------------------------------------------------------------------

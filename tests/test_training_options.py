@@ -335,6 +335,28 @@ def test_steps_per_execution_trains_exactly_the_same_steps(tmp_path, spm500, sma
         assert tensorboard_batch_steps(one_dir) == list(range(1, total + 1))
 
 
+def test_a_streamed_corpus_trains_on_the_same_batches_in_one_fit_call_or_one_per_epoch(tmp_path, spm500,
+                                                                                      small_corpus, monkeypatch):
+    """80 pairs streamed (as if over the in-memory limit): with 2 steps per execution, each epoch
+    is a fit call of its own, and the calls go on with one stream: the weights are those of the
+    run that reads it in one call, bit for bit (not of a stream started anew at every epoch)."""
+    from keras_transformer.training import stream
+
+    monkeypatch.setattr(stream.data, "MAX_DEFAULT_POOL_SIZE", 40)
+    options = {**BASE, "data": small_corpus, "batch_tokens": 256, "steps_per_epoch": 3, "max_steps": 7}
+    runs = {}
+    for per_execution in (1, 2):
+        run_dir = new_run_dir(tmp_path / f"spe{per_execution}", spm500)
+        runs[per_execution] = training.train(training.TrainingArgs(output=str(run_dir), **options,
+                                                                   steps_per_execution=per_execution))
+    one, two = runs[1], runs[2]
+    assert json.loads((tmp_path / "spe2" / "config.json").read_text())["data"]["streamed"]
+    assert one.step == two.step == 7
+    assert [(int(r["epoch"]), int(r["step"])) for r in two.history] == [(0, 3), (1, 6), (2, 7)]
+    for a, b in zip(one.model.get_weights(), two.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 # ----------------------------------------------------------------------------------
 # Learned positions cap the output length
 # ----------------------------------------------------------------------------------

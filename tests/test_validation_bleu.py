@@ -107,3 +107,36 @@ def test_bleu_options_need_a_validation_split_and_each_other():
         training.TrainingArgs(keep_best=True)
     with pytest.raises(ValueError, match="bleu_search"):
         training.TrainingArgs(validate_bleu_every=10, bleu_search="sampling")
+
+
+def test_a_resumed_run_keeps_its_best_bleu_and_validations_without_improvement(tmp_path, monkeypatch):
+    """The best, the latest and the count toward early stopping come from the rows of bleu.csv up to
+    the resume step (later rows are the interrupted process's, and will be redone); every worker
+    reads the chief's file, so that all stop at the same step."""
+    from types import SimpleNamespace
+
+    from keras_transformer.training import validation_bleu
+
+    (tmp_path / "bleu.csv").write_text("step,bleu,seconds\n100,30.0,1.0\n200,25.0,1.0\n300,31.0,1.0\n")
+    chief = SimpleNamespace(path=lambda *parts: os.path.join(tmp_path, *parts), is_chief=True, run_dir=str(tmp_path))
+    worker = SimpleNamespace(path=lambda *parts: os.path.join(tmp_path, "worker-1", *parts), is_chief=False,
+                             run_dir=str(tmp_path))
+
+    def resumed(run, start_step):
+        return validation_bleu.ValidationBleu(run, None, ["s"], ["r"], 100, patience=2, start_step=start_step)
+
+    for run in (chief, worker):
+        validator = resumed(run, 200)
+        assert (validator.best, validator.latest, validator.without_improvement) == ((100, 30.0), (200, 25.0), 1)
+    fresh = resumed(chief, 0)
+    assert (fresh.best, fresh.latest, fresh.without_improvement) == (None, None, 0)
+    assert resumed(chief, 300).best == (300, 31.0)
+
+    # Step 300 again, with 26 (not 31) this time: the second validation in a row below 30, so early stopping stops.
+    monkeypatch.setattr("keras_transformer.inference.evaluation.corpus_scores",
+                        lambda hypotheses, references, lang=None: {"bleu": 26.0})
+    monkeypatch.setattr(validation_bleu.ValidationBleu, "_translator_for",
+                        lambda self, model: SimpleNamespace(translate=lambda sources: sources))
+    validator = resumed(chief, 200)
+    assert validator(None, 300) is True
+    assert (validator.best, validator.latest, validator.without_improvement) == ((100, 30.0), (300, 26.0), 2)

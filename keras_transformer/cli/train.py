@@ -45,6 +45,9 @@ def _parse_value(text):
         return text
 
 
+_NOT_GIVEN = object()  # a flag left out, told apart from an explicit value equal to the default
+
+
 def _float_or_none(text):
     """A number, or "none" for None."""
     return None if text.strip().lower() == "none" else float(text)
@@ -112,7 +115,8 @@ def _add_data_flags(parser, d):
                       help="length buckets (each batch's padded length) are multiples of N: 1 pads least, 8 gives "
                            "fewer batch shapes (default %(default)s)")
     data.add_argument("--validation-split", default=d.validation_split,
-                      help="validation split ('none' for no validation; default %(default)s)")
+                      help="validation split ('none' for no validation; default %(default)s); files: paths "
+                           "need {split} for it, e.g. files:data/{split}.en,data/{split}.de")
     data.add_argument("--subword-sampling", type=float, default=d.subword_sampling, metavar="ALPHA",
                       help="subword regularization of the training pairs: BPE-dropout probability (0.1 in "
                            "Provilkov et al., 2020) or unigram alpha; each pass segments anew (default %(default)s: off)")
@@ -121,7 +125,7 @@ def _add_data_flags(parser, d):
 def _add_schedule_flags(parser, d):
     """How long and at what learning rate (§5.2, §5.3)."""
     schedule = parser.add_argument_group("schedule")
-    schedule.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data (default 10)")
+    schedule.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data (default %(default)s)")
     schedule.add_argument("--max-steps", type=int, default=d.max_steps,
                           help="optimizer steps to train (wins over --epochs; §5.2: 100k base, 300k big)")
     schedule.add_argument("--steps-per-epoch", type=int, default=d.steps_per_epoch,
@@ -161,11 +165,14 @@ def _add_run_flags(parser, d):
     run.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
                      help="newest checkpoints to keep (at least --average-last; default %(default)s)")
     run.add_argument("--average-last", type=int, default=d.average_last,
-                     help="final model = mean of the last K checkpoints (§6.1: 5 base, 20 big; default off)")
-    run.add_argument("--average-fraction", type=_float_or_none, default=d.average_fraction, metavar="FRACTION",
+                     help="final model = mean of the last K checkpoints (§6.1: 5 base, 20 big; default "
+                          f"{d.average_last if d.average_last > 1 else 'off'})")
+    # Not given: the default, which only applies when averaging (--average-last 1 turns both off).
+    run.add_argument("--average-fraction", type=_float_or_none, default=_NOT_GIVEN, metavar="FRACTION",
                      help="with --average-last: average only the checkpoints of the run's last FRACTION of steps "
                           "(e.g. 0.2: its final fifth), however many steps a --time-budget allows; none: the last "
-                          "K whatever their steps (default %(default)s)")
+                          f"K whatever their steps (default {d.average_fraction})")
+    parser.set_defaults(default_average_fraction=d.average_fraction)
     run.add_argument("--ema", type=float, default=d.ema, metavar="DECAY",
                      help="keep an exponential moving average of the weights (e.g. 0.999), validate with it and "
                           "export it: an alternative to --average-last (default off)")
@@ -173,7 +180,8 @@ def _add_run_flags(parser, d):
                      help="epochs between validation runs (default %(default)s)")
     run.add_argument("--validate-bleu-every", type=int, default=d.validate_bleu_every, metavar="STEPS",
                      help="translate the validation split every STEPS steps (and at the end) and log its BLEU "
-                          "(progress output, bleu.csv, history.csv, TensorBoard); default off")
+                          "(progress output, bleu.csv, history.csv, TensorBoard); default "
+                          f"{d.validate_bleu_every or 'off'}")
     run.add_argument("--bleu-search", choices=("greedy", "beam"), default=d.bleu_search,
                      help="search for --validate-bleu-every: greedy or beam 4 (default %(default)s)")
     run.add_argument("--keep-best", action=argparse.BooleanOptionalAction, default=d.keep_best,
@@ -212,4 +220,7 @@ def args_from_namespace(namespace) -> TrainingArgs:
     known = {f.name for f in dataclasses.fields(TrainingArgs)}
     values = {k: v for k, v in ns.items() if k in known}
     values.update(overrides=overrides, validation_split=validation_split)
+    if values.get("average_fraction", None) is _NOT_GIVEN:
+        default = ns.get("default_average_fraction")
+        values["average_fraction"] = default if values.get("average_last", 1) > 1 else None
     return TrainingArgs(**values)

@@ -72,8 +72,12 @@ class DataSpec:
             return _MULTI30K_SPLIT_ALIASES.get(split, split)
         return split
 
-    def load(self, split: str = "train", src: str = "en", tgt: str = "de"):
-        """`tf.data.Dataset` of `(source_text, target_text)` pairs of `split`."""
+    def load(self, split: str = "train", src: str = "en", tgt: str = "de", shuffle_seed=None):
+        """`tf.data.Dataset` of `(source_text, target_text)` pairs of `split`.
+
+        `shuffle_seed`: a tfds split is read with its files in an order shuffled
+        with this seed (`load_tfds`); the other corpora are read in order.
+        """
         split = self.split_name(split)
         if self.kind == "multi30k":
             from keras_transformer.data.corpora import load_multi30k
@@ -82,11 +86,14 @@ class DataSpec:
         if self.kind == "tfds":
             from keras_transformer.data.tfds import load_tfds
 
-            return load_tfds(self.name, split=split, src=src, tgt=tgt)
+            return load_tfds(self.name, split=split, src=src, tgt=tgt, shuffle_seed=shuffle_seed)
         from keras_transformer.data.text import load_parallel_text
 
-        src_path, tgt_path = (p.format(split=split, src=src, tgt=tgt) for p in self.paths)
-        return load_parallel_text(src_path, tgt_path)
+        return load_parallel_text(*self.file_paths(split, src, tgt))
+
+    def file_paths(self, split: str, src: str = "en", tgt: str = "de") -> tuple:
+        """The `(source, target)` files of `split` of a "files:" spec (its templates filled in)."""
+        return tuple(p.format(split=self.split_name(split), src=src, tgt=tgt) for p in self.paths)
 
     def training_texts(self, src: str, tgt: str) -> list:
         """Source then target sentences of the training split, to learn a vocabulary from."""

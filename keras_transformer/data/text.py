@@ -45,7 +45,11 @@ def read_text_lines(path: str | os.PathLike) -> list[str]:
     """
     path = os.fspath(path)
     with tf.io.gfile.GFile(path, "rb") as f:
-        data = f.read()
+        return decode_text_lines(f.read(), path)
+
+
+def decode_text_lines(data: bytes, name: str) -> list[str]:
+    """``read_text_lines`` of a file's bytes (plain or gzip), e.g. standard input's; `name` goes in errors."""
     if data[:2] == b"\x1f\x8b":
         data = gzip.GzipFile(fileobj=io.BytesIO(data)).read()
     try:
@@ -53,7 +57,7 @@ def read_text_lines(path: str | os.PathLike) -> list[str]:
     except UnicodeDecodeError as err:
         line_number = data.count(b"\n", 0, err.start) + 1
         raise ValueError(
-            f"{path}: line {line_number}: invalid UTF-8 ({err.reason}, "
+            f"{name}: line {line_number}: invalid UTF-8 ({err.reason}, "
             f"byte {data[err.start:err.start + 1]!r})"
         ) from None
     if text.startswith("\ufeff"):
@@ -152,6 +156,12 @@ def load_parallel_text(
     return dataset, stats
 
 
+# What str.strip() strips (str.isspace: the Unicode categories Zs, Zl, Zp and the
+# separators and controls below); tf.strings.strip strips ASCII whitespace only.
+_EDGE_WHITESPACE = r"[\t-\r\x1c-\x1f\x{85}\p{Z}]+"
+
+
 def normalize_in_graph(text: tf.Tensor) -> tf.Tensor:
-    """``normalize_line`` as TensorFlow ops (for streamed data such as tfds)."""
-    return tf.strings.strip(tf.strings.regex_replace(text, r"[ \t\r\f\v]+", " "))
+    """``normalize_line`` as TensorFlow ops (for streamed data such as tfds): the same strings out."""
+    text = tf.strings.regex_replace(text, r"[ \t\r\f\v]+", " ")
+    return tf.strings.regex_replace(text, f"^{_EDGE_WHITESPACE}|{_EDGE_WHITESPACE}$", "")

@@ -14,6 +14,7 @@ def load_tfds(
     tgt: str = "de",
     data_dir: str | None = None,
     download: bool = True,
+    shuffle_seed: int | None = None,
 ) -> tf.data.Dataset:
     """Loads a TensorFlow Datasets translation set as ``(source_text, target_text)``.
 
@@ -31,6 +32,9 @@ def load_tfds(
         download: let tfds download and prepare the data if needed. Note that
             WMT sets need a large download; there is no network here except
             PyPI, so this is for machines that have one.
+        shuffle_seed: None reads the split's files in order; a seed reads them
+            in an order shuffled with it, interleaved (tfds' `shuffle_files`),
+            so that streams of different seeds begin at different places.
 
     Raises:
         ValueError: if ``src`` or ``tgt`` is not a language of the dataset.
@@ -44,7 +48,11 @@ def load_tfds(
             raise ValueError(f"{role}={lang!r} is not a language of {name}; valid: {languages}")
     if download:
         builder.download_and_prepare()
-    dataset = builder.as_dataset(split=split, shuffle_files=False)
+    if shuffle_seed is None:
+        dataset = builder.as_dataset(split=split, shuffle_files=False)
+    else:
+        dataset = builder.as_dataset(split=split, shuffle_files=True,
+                                     read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed))
 
     def to_pair(example):
         return normalize_in_graph(example[src]), normalize_in_graph(example[tgt])

@@ -17,6 +17,7 @@ import os
 import shutil
 
 from keras_transformer.run_dir import BACKUP_DIR, TOKENIZER_FILENAME, load_run, model_config_of_run
+from keras_transformer.training.run import check_optimizer_loaded
 
 # TransformerConfig fields a fine-tuning run may set differently from the run it starts from.
 ADJUSTABLE_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
@@ -65,7 +66,10 @@ def load_initial_weights(model, init_dir, resume_optimizer):
             raise FileNotFoundError(f"--resume-optimizer: {init_dir} has no {BACKUP_DIR}/state.json to resume from.")
         with open(state_path, encoding="utf-8") as f:
             state = json.load(f)
-        model.load_weights(os.path.join(init_dir, BACKUP_DIR, state["weights"]))
+        path = os.path.join(init_dir, BACKUP_DIR, state["weights"])
+        model.load_weights(path)
+        check_optimizer_loaded(model, state.get("iterations"), path,
+                               f"use the --ema of {init_dir} (its config.json), or leave out --resume-optimizer")
         return f"weights and optimizer state of step {state['step']}"
     source, _ = load_run(init_dir, dtype="float32")
     model.set_weights(source.get_weights())

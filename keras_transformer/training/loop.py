@@ -51,7 +51,7 @@ from keras_transformer.training import strategy as strategies
 from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
 from keras_transformer.training.curves import plot_curves
 from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES, TrainingArgs, TrainingResult
-from keras_transformer.training.run import Run
+from keras_transformer.training.run import Run, check_optimizer_loaded
 from keras_transformer.training.stream import TrainingData
 from keras_transformer.training.validation_bleu import ValidationBleu, read_validation_texts
 
@@ -89,8 +89,10 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
     command loads `backup/`, prints `resumed from step N` and continues: same
     weights, optimizer moments, learning-rate step, and (for corpora held in
     memory) the same batches in the same order as an uninterrupted run.
-    Streamed corpora (`tfds:`) are reshuffled with a step-dependent seed on
-    resume instead. A resume with options that would change the experiment
+    Streamed corpora (`tfds:`, or more pairs than `data.MAX_DEFAULT_POOL_SIZE`)
+    are one stream per process, across its `fit` calls; a resumed run starts a
+    new stream, seeded by its step, rather than where the interrupted one was
+    (`TrainingData.stream`). A resume with options that would change the experiment
     (`options.RESUME_FIXED`, the model config) is refused.
 
     Args:
@@ -148,10 +150,13 @@ def _prepare_data(state):
     spec = DataSpec.parse(args.data)
     num_replicas = args.batch_multiple or state.strategy.num_replicas_in_sync
     max_length = state.model_config.max_length
+    if args.validation_split:
+        _check_validation_files(spec, args)
     state.tokenizer = get_or_train_tokenizer(
         run.run_dir, lambda: spec.training_texts(args.src, args.tgt), state.model_config.vocab_size)
-    state.training_data = TrainingData(args, state.tokenizer, spec.load("train", args.src, args.tgt),
-                                       num_replicas, max_length)
+    # A tfds split's files in another order for each resume: its stream starts elsewhere.
+    text = spec.load("train", args.src, args.tgt, shuffle_seed=args.seed + state.start_step)
+    state.training_data = TrainingData(args, state.tokenizer, text, num_replicas, max_length)
     state.steps_per_epoch = _steps_per_epoch(state, num_replicas)
     if state.steps_per_epoch < 1:
         raise ValueError("No training batch: the data is smaller than one batch of --batch-tokens.")
@@ -164,7 +169,20 @@ def _prepare_data(state):
             sources, references = read_validation_texts(validation_text)
             state.validator = ValidationBleu(run, state.tokenizer, sources, references, args.validate_bleu_every,
                                              args.bleu_search, args.keep_best, args.early_stopping_patience,
-                                             lang=args.tgt)
+                                             lang=args.tgt, start_step=state.start_step)
+
+
+def _check_validation_files(spec, args):
+    """Refuses a validation split that reads the training files ("files:" paths without `{split}`)."""
+    if spec.kind != "files" or spec.split_name(args.validation_split) == "train":
+        return  # an explicit --validation-split train is what it says
+    paths = spec.file_paths(args.validation_split, args.src, args.tgt)
+    if paths == spec.file_paths("train", args.src, args.tgt):
+        raise ValueError(
+            f"--data {args.data}: the validation split {args.validation_split!r} would be the training files "
+            f"({', '.join(paths)}), as the paths have no {{split}}. Put {{split}} in them (files:data/{{split}}.en,"
+            "data/{split}.de reads data/train.* and data/val.*) or pass --validation-split none."
+        )
 
 
 def _steps_per_epoch(state, num_replicas):
@@ -228,6 +246,8 @@ def _build_model(state):
     if state.backup is not None:
         with strategy.scope():
             model.load_weights(state.backup[1])
+        check_optimizer_loaded(model, state.backup[3], state.backup[1],
+                               "continue the run with the options it was started with")
         print(f"resumed from step {state.start_step}", flush=True)
         logger.info("Resumed %s from step %d (%s)", state.run.run_dir, state.start_step, state.backup[1])
     state.model = model
@@ -270,12 +290,11 @@ def _fit(state, callbacks):
         print(f"{reason}; nothing to train.", flush=True)
         return monitor
     for initial_epoch, epochs, per_epoch in _fit_plan(start, total, state.steps_per_epoch, args.steps_per_execution):
-        batches = state.training_data.stream(monitor.step, state.steps_per_epoch)
-        if args.steps_per_execution > 1:
-            # Keras runs whole executions of N steps, also past the end of an epoch (or of
-            # the run): the data of each one-epoch call ends with the epoch, which cuts
-            # its last execution short.
-            batches = batches.take(per_epoch)
+        # With --steps-per-execution > 1, Keras runs whole executions of N steps, also past the
+        # end of an epoch (or of the run): the data of each one-epoch call ends with the epoch,
+        # which cuts its last execution short.
+        count = per_epoch if args.steps_per_execution > 1 else None
+        batches = state.training_data.batches(monitor.step, state.steps_per_epoch, count)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Your input ran out of data")
             model.fit(batches, initial_epoch=initial_epoch,

@@ -17,7 +17,7 @@ PRECISION_CHOICES = ("auto",) + PRECISIONS
 # Options whose change would make a resumed run a different experiment: a
 # resume with another value is refused (the model config is compared too).
 RESUME_FIXED = ("data", "src", "tgt", "vocab_size", "batch_tokens", "pad_to_multiple_of", "seed", "batch_multiple",
-                "max_length", "warmup_steps", "lr_scale", "cooldown", "precision")
+                "max_length", "warmup_steps", "lr_scale", "cooldown", "precision", "ema")
 # What a run recorded without an option had: its value then, for the resume check.
 RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8}
 
@@ -43,7 +43,8 @@ class TrainingArgs:
             gives few batch shapes; 1 gives buckets one or two tokens apart
             for short sentences, the least padding.
         validation_split: split used for validation ("val" for Multi30k,
-            "validation" for tfds); None for none.
+            "validation" for tfds; "files:" paths must hold `{split}`, or
+            the training files would be validated on); None for none.
         subword_sampling: subword regularization of the training pairs (not
             of validation): 0 for the best segmentation (the paper), else each
             pass segments every sentence at random, with this BPE-dropout
@@ -59,7 +60,9 @@ class TrainingArgs:
             their first step; the steps lost by an interruption are not
             counted twice). The stop is a checkpoint like any other. Not with
             MultiWorkerMirroredStrategy (each worker would stop at its own step).
-        steps_per_epoch: steps per epoch for streamed (`tfds:`) corpora.
+        steps_per_epoch: steps per epoch for streamed (`tfds:`) corpora (a
+            resumed run reads them with a new shuffle, not from the pair the
+            interrupted one had reached: `training.stream`).
         warmup_steps, lr_scale: equation (3) of §5.3.
         cooldown: over this last fraction of the run the learning rate falls
             linearly to zero (`optimization.Cooldown`; not the paper's, whose
@@ -189,6 +192,10 @@ class TrainingArgs:
                                                   or not 0.0 < self.average_fraction <= 1.0):
             raise ValueError(f"average_fraction must be a fraction of the run in (0, 1] or None, "
                              f"got {self.average_fraction!r}.")
+        if self.average_fraction is not None and self.average_last <= 1:
+            raise ValueError(f"average_fraction ({self.average_fraction!r}) chooses among the checkpoints that "
+                             f"average_last > 1 averages, and average_last is {self.average_last}: set "
+                             "average_last (--average-last K) or average_fraction None (--average-fraction none).")
         if isinstance(self.cooldown, bool) or not 0.0 <= self.cooldown <= 1.0:
             raise ValueError(f"cooldown must be a fraction of the run in [0, 1], got {self.cooldown!r}.")
         if not self.lr_scale > 0:

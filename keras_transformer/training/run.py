@@ -78,8 +78,11 @@ class Run:
         tmp = os.path.join(backup, f"tmp-{os.getpid()}-{name}")
         model.save_weights(tmp)
         os.replace(tmp, os.path.join(backup, name))
+        # The optimizer's updates, to check that a resume loaded its state (`check_optimizer_loaded`).
+        iterations = int(model.optimizer.iterations.numpy())
         atomic_write_text(os.path.join(backup, "state.json"), json.dumps(
-            {"step": step, "weights": name, "training_seconds": round(self.training_seconds(), 3)}, indent=2))
+            {"step": step, "weights": name, "training_seconds": round(self.training_seconds(), 3),
+             "iterations": iterations}, indent=2))
         for old in glob.glob(os.path.join(backup, "state-*.weights.h5")) + glob.glob(os.path.join(backup, "tmp-*")):
             if os.path.basename(old) != name:
                 try:
@@ -88,7 +91,10 @@ class Run:
                     pass
 
     def find_backup(self):
-        """(step, weights path, training seconds) of the resume point, or None. Workers prefer the chief's."""
+        """(step, weights path, training seconds, optimizer iterations or None) of the resume point, or None.
+
+        Workers prefer the chief's.
+        """
         candidates = [os.path.join(self.run_dir, BACKUP_DIR)]
         if not self.is_chief:
             candidates.append(self.path(BACKUP_DIR))
@@ -99,7 +105,8 @@ class Run:
                     state = json.load(f)
                 weights = os.path.join(backup, state["weights"])
                 if os.path.exists(weights):
-                    return int(state["step"]), weights, float(state.get("training_seconds", 0.0))
+                    return (int(state["step"]), weights, float(state.get("training_seconds", 0.0)),
+                            state.get("iterations"))
         return None
 
     # -- logs -----------------------------------------------------------------
@@ -118,6 +125,24 @@ class Run:
         _filter_csv(self.path(HISTORY_FILENAME), lambda row: int(row["epoch"]) < epoch)
         _filter_csv(self.path(STEPS_FILENAME), lambda row: int(row["step"]) <= step)
         _filter_csv(self.path(BLEU_FILENAME), lambda row: int(row["step"]) <= step)
+
+
+def check_optimizer_loaded(model, iterations, source, remedy):
+    """Raises unless `model.load_weights(source)` loaded the optimizer state of `iterations` updates.
+
+    Keras skips a saved optimizer whose variables differ from the model's
+    (with and without `--ema`) with a warning only: Adam's moments and the
+    step of the learning-rate schedule would silently start over. `iterations`
+    None (a backup written before they were recorded): any but 0 will do.
+    """
+    loaded = int(model.optimizer.iterations.numpy())
+    if loaded == iterations or (iterations is None and loaded > 0):
+        return
+    raise ValueError(
+        f"The optimizer state in {source} was not loaded: the optimizer is at {loaded} updates, not "
+        f"{iterations if iterations is not None else 'those saved'}. Keras skips the state of an optimizer with "
+        f"other variables (another --ema): {remedy}."
+    )
 
 
 def _filter_csv(path, keep):

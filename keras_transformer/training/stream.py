@@ -2,6 +2,12 @@
 
 Deterministic for a given seed unless `subword_sampling` segments the training
 sentences at random (SentencePiece's own random generator).
+
+A corpus held in memory (up to `data.MAX_DEFAULT_POOL_SIZE` pairs) is read in
+exact passes, and step N has one place in them. A streamed corpus (`tfds:`,
+or more pairs than that) has no such place: one process reads it as one
+stream, from one `fit` call to the next, and a resumed process starts a new
+stream, seeded by its step (`TrainingData.stream`).
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class TrainingData:
         self.options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         self.text = text
         self.tensors = None
+        self._iterator = None  # of a streamed corpus, kept from one fit call to the next (`batches`)
         self.streamed = data.DataSpec.parse(args.data).streamed
         if not self.streamed:
             self.tensors = materialize(text)
@@ -84,11 +91,15 @@ class TrainingData:
         return count_batches_per_epoch(self.tensors, self.tokenizer, self.args.batch_tokens,
                                        self.max_length, self.num_replicas, self.boundaries)
 
-    def _epoch_batches(self, epoch):
+    def _shuffled_pairs(self, seed, index):
+        """The pairs in memory in the random order number `index` of `seed`."""
         src, tgt = self.tensors
-        seed = tf.stack([tf.constant(self.args.seed, tf.int64), tf.cast(epoch, tf.int64)])
+        seed = tf.stack([tf.constant(seed, tf.int64), tf.cast(index, tf.int64)])
         order = tf.argsort(tf.random.stateless_uniform(tf.shape(src), seed=seed))
-        pairs = tf.data.Dataset.from_tensor_slices((tf.gather(src, order), tf.gather(tgt, order)))
+        return tf.data.Dataset.from_tensor_slices((tf.gather(src, order), tf.gather(tgt, order)))
+
+    def _epoch_batches(self, epoch):
+        pairs = self._shuffled_pairs(self.args.seed, epoch)
         # One pool per pass: every pass has exactly sum_k n_k // size_k batches.
         return data.make_batches(
             pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
@@ -98,13 +109,26 @@ class TrainingData:
         )
 
     def stream(self, start_step, steps_per_epoch):
-        """Batches from global step `start_step` on (infinite)."""
+        """Batches from global step `start_step` on (infinite).
+
+        In memory: the batches an uninterrupted run has from that step. Streamed:
+        a new stream seeded by `start_step`, which does not go on from where an
+        interrupted run's stream was. A corpus in memory is read in passes over
+        all its pairs, each in a new random order; a tfds split in the order it
+        is read (its files in an order of the same seed, `DataSpec.load`'s
+        `shuffle_seed`) through a shuffle buffer of 100,000 pairs.
+        """
         if self.streamed:
-            # Streamed corpora: a resumed run reshuffles (seed + step) instead of replaying.
+            seed = self.args.seed + start_step
+            pairs, in_memory = self.text, self.tensors is not None
+            if in_memory:
+                # A shuffle buffer would keep each pass close to the file order, and every
+                # stream would start with the corpus's first pairs.
+                pairs = tf.data.Dataset.range(2**62).flat_map(functools.partial(self._shuffled_pairs, seed))
             dataset = data.make_batches(
-                self.text, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
-                bucket_boundaries=self.boundaries, shuffle=True, seed=self.args.seed + start_step,
-                num_replicas=self.num_replicas, repeat=True, drop_remainder=True,
+                pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
+                bucket_boundaries=self.boundaries, shuffle=not in_memory, seed=seed,
+                num_replicas=self.num_replicas, repeat=not in_memory, drop_remainder=True,
                 sampling_alpha=self.args.subword_sampling,
             )
         else:
@@ -113,6 +137,24 @@ class TrainingData:
             if skip:
                 dataset = dataset.skip(skip)
             dataset = dataset.prefetch(tf.data.AUTOTUNE)
+        return dataset.with_options(self.options)
+
+    def batches(self, step, steps_per_epoch, count=None):
+        """The data of one `fit` call from global step `step` on: `count` batches, or no end (None).
+
+        In memory: `stream(step)`. A streamed corpus is read by one iterator,
+        made at the process's first call: each later call goes on where the
+        previous one stopped (a new `stream` would start over, at the same
+        first pairs every epoch).
+        """
+        if not self.streamed:
+            dataset = self.stream(step, steps_per_epoch)
+            return dataset if count is None else dataset.take(count)
+        if self._iterator is None:
+            self._iterator = iter(self.stream(step, steps_per_epoch))
+        iterator = self._iterator
+        # A batch leaves the kept iterator only when fit asks for one: none is read ahead and lost.
+        dataset = tf.data.Dataset.from_tensors(0).repeat(count).map(lambda _: iterator.get_next())
         return dataset.with_options(self.options)
 
     def validation(self, text):

@@ -16,6 +16,9 @@ as inference) and the cased sacreBLEU against the references is
 - with `--early-stopping-patience K`, training stops (with a checkpoint)
   after K validations in a row without a better BLEU.
 
+A resumed run takes the best BLEU and the validations without improvement
+so far from the rows of `bleu.csv` up to its resume step.
+
 The decoding time counts against `--time-budget`, but not into tokens/s.
 """
 
@@ -56,10 +59,13 @@ class ValidationBleu:
         keep_best: write the best weights to `checkpoints/best.weights.h5`.
         patience: stop after this many validations without improvement (None: never).
         lang: target language (for the tokenized BLEU's Moses tokenizer).
+        start_step: the step a resumed run starts from: the best, the latest
+            and the validations without improvement so far are those of the
+            rows of `bleu.csv` up to it (None: all its rows).
     """
 
     def __init__(self, run, tokenizer, sources, references, every, search="greedy", keep_best=False,
-                 patience=None, lang="de"):
+                 patience=None, lang="de", start_step=None):
         if search not in SEARCHES:
             raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {search!r}.")
         self.run = run
@@ -70,9 +76,11 @@ class ValidationBleu:
         self.keep_best = keep_best
         self.patience = patience
         self.lang = lang
-        self.best = self._read_best()  # (step, bleu) or None
+        self.best = None  # (step, bleu)
         self.latest = None  # (step, bleu)
         self.without_improvement = 0
+        for step, bleu in self._read_scores(start_step):
+            self._count(step, bleu)
         self._translator = None
         self._writer = None
 
@@ -89,21 +97,25 @@ class ValidationBleu:
         hypotheses = self._translator_for(model).translate(self.sources)
         bleu = corpus_scores(hypotheses, self.references, lang=self.lang)["bleu"]
         seconds = time.perf_counter() - started
-        self.latest = (step, bleu)
-        improved = self.best is None or bleu > self.best[1]
-        if improved:
-            self.best = (step, bleu)
-            self.without_improvement = 0
-            if self.keep_best:
-                self._save_best(model, step, bleu)
-        else:
-            self.without_improvement += 1
+        if self._count(step, bleu) and self.keep_best:
+            self._save_best(model, step, bleu)
         self._log(step, bleu, seconds)
         stop = self.patience is not None and self.without_improvement >= self.patience
         if stop:
             print(f"Early stopping at step {step}: no better validation BLEU in {self.patience} validations "
                   f"(best {self.best[1]:.2f} at step {self.best[0]}).", flush=True)
         return stop
+
+    def _count(self, step, bleu):
+        """Takes the BLEU of `step` into the latest, the best and the count without improvement; True if best."""
+        self.latest = (step, bleu)
+        improved = self.best is None or bleu > self.best[1]
+        if improved:
+            self.best = (step, bleu)
+            self.without_improvement = 0
+        else:
+            self.without_improvement += 1
+        return improved
 
     def _translator_for(self, model):
         if self._translator is None or self._translator.model is not model:
@@ -118,14 +130,26 @@ class ValidationBleu:
         atomic_write_text(os.path.join(directory, BEST_INFO_FILENAME),
                           json.dumps({"step": step, "bleu": bleu, "search": self.search}, indent=2))
 
-    def _read_best(self):
-        """The best validation so far of a resumed run (from `best.json`), or None."""
-        path = self.run.path(CHECKPOINT_DIR, BEST_INFO_FILENAME)
+    def _read_scores(self, start_step):
+        """`(step, bleu)` of the rows of `bleu.csv` up to `start_step` (None: all), in order.
+
+        Only the chief writes `bleu.csv`: the other workers read its file, so
+        that early stopping stops them all at the same step.
+        """
+        path = (self.run.path(BLEU_FILENAME) if self.run.is_chief
+                else os.path.join(self.run.run_dir, BLEU_FILENAME))
         if not os.path.exists(path):
-            return None
-        with open(path, encoding="utf-8") as f:
-            info = json.load(f)
-        return int(info["step"]), float(info["bleu"])
+            return []
+        scores = []
+        with open(path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                try:
+                    step, bleu = int(row["step"]), float(row["bleu"])
+                except (KeyError, TypeError, ValueError):
+                    continue  # a row cut short by a killed process
+                if start_step is None or step <= start_step:
+                    scores.append((step, bleu))
+        return scores
 
     def _log(self, step, bleu, seconds):
         best_step, best_bleu = self.best
