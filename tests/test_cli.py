@@ -32,9 +32,15 @@ SENTENCES = ["A dog runs on the beach.", "", "Two men are talking.", "Ein Mädch
 
 def run_cli(argv, capsys, stdin=None, monkeypatch=None):
     if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        set_stdin(monkeypatch, stdin)
     assert cli.main(argv) == 0
     return capsys.readouterr()
+
+
+def set_stdin(monkeypatch, data):
+    """Standard input holding `data` (str: as UTF-8), with the `buffer` of bytes that translate reads."""
+    data = data.encode("utf-8") if isinstance(data, str) else data
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
 
 
 def test_translate_arguments_and_stdin(tiny_run_dir, capsys, monkeypatch):
@@ -76,8 +82,25 @@ def test_translate_precision_and_early_stopping_options(tiny_run_dir, capsys):
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such directory"):
-        cli.main(["translate", "--model", str(tmp_path / "nope"), "x"])
+    nope = str(tmp_path / "nope")
+    src = tmp_path / "src.en"
+    src.write_text("A dog runs.\n", encoding="utf-8")
+    for argv in (["translate", "x"], ["evaluate", "--src", str(src), "--ref", str(src)],
+                 ["score", "--src", str(src), "--tgt", str(src)], ["attention", "x"]):
+        with pytest.raises(SystemExit, match=f"^{argv[0]}: --model {nope}: no such directory"):
+            cli.main([*argv, "--model", nope])
+    # A directory that is not a run: the file it misses is named.
+    with pytest.raises(SystemExit, match=f"^score: --model {tmp_path}: .*spm.model"):
+        cli.main(["score", "--model", str(tmp_path), "--src", str(src), "--tgt", str(src)])
+
+
+def test_evaluate_refuses_empty_files_before_loading_the_model(tmp_path):
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text("", encoding="utf-8")
+    ref.write_text("", encoding="utf-8")
+    # A missing model would be the error if the model were loaded first.
+    with pytest.raises(SystemExit, match="^evaluate: .*src.en and .*ref.de have no sentences"):
+        cli.main(["evaluate", "--model", str(tmp_path / "nope"), "--src", str(src), "--ref", str(ref)])
 
 
 def test_evaluate_prints_json_with_signatures(tiny_run_dir, capsys, tmp_path):
@@ -134,6 +157,29 @@ def test_input_files_with_bad_bytes_or_missing_are_clear_errors(tiny_run_dir, tm
         cli.main(["translate", "--model", tiny_run_dir, "--input", str(bad)])
     with pytest.raises(SystemExit, match=r"score: no such file: .*nope.de"):
         cli.main(["score", "--model", tiny_run_dir, "--src", str(good), "--tgt", str(tmp_path / "nope.de")])
+
+
+def test_stdin_is_read_as_input_files_are(tiny_run_dir, tmp_path, capsys, monkeypatch):
+    # A byte-order mark, tabs and runs of spaces: stdin gets the normalization of --input FILE.
+    data = "\ufeffA dog\truns.\n  Two   men talk. \n".encode("utf-8")
+    path = tmp_path / "input.en"
+    path.write_bytes(data)
+    from_file = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet",
+                         "--input", str(path)], capsys).out
+    for flags in ([], ["--input", "-"]):
+        out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet", *flags],
+                      capsys, stdin=data, monkeypatch=monkeypatch)
+        assert out.out == from_file
+    expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(["A dog runs.", "Two men talk."])
+    assert from_file == "\n".join(expected) + "\n"
+    set_stdin(monkeypatch, b"A dog runs.\nzwei \xff Hunde\n")
+    with pytest.raises(SystemExit, match=r"^translate: <stdin>: line 2: invalid UTF-8"):
+        cli.main(["translate", "--model", tiny_run_dir])
+
+
+def test_translate_refuses_sentences_and_input_file_together(tmp_path):
+    with pytest.raises(SystemExit, match="^translate: give sentences as arguments or --input, not both"):
+        cli.main(["translate", "--model", str(tmp_path), "--input", str(tmp_path / "input.en"), "A dog runs."])
 
 
 def test_input_lines_split_on_line_feeds_only(tiny_run_dir, tmp_path, capsys):
@@ -336,3 +382,13 @@ def test_translate_saved_model_version_directory(saved_model_versions, capsys):
     _, paths, sentences, expected = saved_model_versions
     out = run_cli(["translate", "--model", paths[2], *sentences], capsys)
     assert out.out == "\n".join(expected[2]) + "\n"
+
+
+def test_saved_model_refuses_what_it_cannot_do_with_clear_errors(saved_model_versions):
+    base, _, sentences, _ = saved_model_versions
+    for flags, message in ((["--n-best", "2"], "no translate_n_best signature"),
+                           (["--sampling-temperature", "0.5"], "is a SavedModel, .*sampling needs"),
+                           (["--batch-size", "0"], "batch_size must be between 1 and 1024, got 0"),
+                           (["--batch-size", "2000"], "batch_size must be between 1 and 1024, got 2000")):
+        with pytest.raises(SystemExit, match=f"^translate: .*{message}"):
+            cli.main(["translate", "--model", base, *flags, *sentences])

@@ -32,6 +32,15 @@ def test_n_best_lists_are_sorted_and_start_with_the_translation(translator):
         translator.translate(SOURCES, n_best=5)
 
 
+def test_n_best_scores_at_beam_1_are_the_translation_scores(tiny_run_dir):
+    # Beam search's scores are already log P / lp(|Y|) at beam 1: not divided by lp a second time.
+    greedy = Translator.from_run_dir(tiny_run_dir, beam_size=1, alpha=1.0, max_extra_length=6)
+    best, best_scores = greedy.translate(SOURCES, return_scores=True)
+    lists = greedy.translate(SOURCES, n_best=1)
+    assert [entries[0][0] for entries in lists] == best
+    np.testing.assert_allclose([entries[0][1] for entries in lists], best_scores, rtol=1e-5, atol=1e-6)
+
+
 def test_translate_command_writes_n_best_lines(tiny_run_dir, translator, capsys):
     capsys.readouterr()
     assert cli.main(["translate", "--model", tiny_run_dir, "--max-extra-length", "6", "--n-best", "2",
@@ -75,3 +84,13 @@ def test_sampling_from_the_command_line(tiny_run_dir, capsys):
     assert run("--sampling-temperature", "3", "--seed", "12") != first
     # Top-1 sampling is greedy search.
     assert run("--sampling-topk", "1", "--seed", "3") == run("--beam", "1")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sampling-temperature", "0"], "translate: temperature must be > 0, got 0.0"),
+    (["--sampling-topk", "-1"], "translate: top_k must be a non-negative integer, got -1"),
+])
+def test_bad_sampling_flags_are_refused(tiny_run_dir, flags, message):
+    # 0 is a temperature given, not a flag left out: refused, not replaced by the default 1.
+    with pytest.raises(SystemExit, match=message):
+        cli.main(["translate", "--model", tiny_run_dir, *flags, "A dog runs."])

@@ -75,6 +75,20 @@ def test_long_input_is_truncated_and_output_bounded(translator, tokenizer):
     assert token_ids.shape[1] <= 16 + 4
 
 
+def test_max_input_length_is_capped_by_learned_positions(tokenizer):
+    """Learned positions end at the table: a longer max_input_length is refused, not a crash in the graph."""
+    config = TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64, max_length=16,
+                                    positional_encoding="learned")
+    model = Transformer(config)
+    with pytest.raises(ValueError, match="max_input_length 17 exceeds the model's max_length 16"):
+        Translator(model, tokenizer, beam_size=2, max_input_length=17)
+    long = " ".join(["A man in a blue shirt is standing on a ladder."] * 4)
+    for max_input_length in (None, 16):  # the default is the table's size
+        translator = Translator(model, tokenizer, beam_size=2, max_extra_length=4, max_input_length=max_input_length)
+        assert translator.max_input_length == 16
+        assert len(translator.translate([long])) == 1
+
+
 def test_many_sentences(translator):
     sentences = read_lines("test2016", "en")[:256]
     texts, scores = run(translator, sentences)

@@ -2,7 +2,7 @@
 
 import os
 
-from keras_transformer.cli.decoding_options import add_search_options
+from keras_transformer.cli.decoding_options import add_search_options, load_run_translator
 
 
 def register(subparsers):
@@ -19,15 +19,15 @@ def register(subparsers):
 
 def run(args):
     from keras_transformer.inference.attention_maps import attention_weights, plot_attention
-    from keras_transformer.inference.translator import Translator, is_saved_model
+    from keras_transformer.inference.translator import is_saved_model
 
     if is_saved_model(args.model):
         raise SystemExit(
             f"attention: {args.model} is an exported SavedModel, which does not expose attention weights; "
             "give the training run directory."
         )
-    translator = Translator.from_run_dir(args.model, beam_size=args.beam, alpha=args.alpha,
-                                         max_extra_length=args.max_extra_length)
+    translator = load_run_translator(args, "attention", beam_size=args.beam, alpha=args.alpha,
+                                     max_extra_length=args.max_extra_length)
     num_layers = translator.model.config.num_layers
     if not -num_layers <= args.layer < num_layers:
         raise SystemExit(f"attention: --layer {args.layer} is out of range for {num_layers} layers.")

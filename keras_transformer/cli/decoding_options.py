@@ -1,4 +1,7 @@
-"""The decoding flags that translate, evaluate, attention and export share (§6.1 defaults)."""
+"""The decoding flags that translate, evaluate, attention and export share (§6.1 defaults), and model loading."""
+
+import contextlib
+import os
 
 from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
@@ -50,12 +53,39 @@ def add_model_options(parser):
                         help=f"the most sentences per decoding call (default {DEFAULT_TRANSLATE_BATCH_SIZE})")
 
 
-def load_translator(args):
-    """The translator the options describe."""
+def load_translator(args, command):
+    """The translator the options describe; a missing model or a refused option ends `command` with a message."""
     from keras_transformer.inference.translator import load_translator
 
     sampling = None
-    if getattr(args, "sampling_topk", None) is not None or getattr(args, "sampling_temperature", None) is not None:
-        sampling = dict(top_k=args.sampling_topk or 0, temperature=args.sampling_temperature or 1.0, seed=args.seed)
-    return load_translator(args.model, args.beam, args.alpha, args.max_extra_length, args.early_stopping,
-                           args.precision, checkpoint=args.checkpoint, sampling=sampling)
+    top_k, temperature = getattr(args, "sampling_topk", None), getattr(args, "sampling_temperature", None)
+    if top_k is not None or temperature is not None:
+        # `is None`, not `or`: 0 is a value to check, not a flag left out.
+        sampling = dict(top_k=0 if top_k is None else top_k, temperature=1.0 if temperature is None else temperature,
+                        seed=args.seed)
+    with _loading_errors(command, args.model):
+        return load_translator(args.model, args.beam, args.alpha, args.max_extra_length, args.early_stopping,
+                               args.precision, checkpoint=args.checkpoint, sampling=sampling)
+
+
+def load_run_translator(args, command, **options):
+    """A `Translator` of the training run directory `args.model` (score, attention), or `command`'s end message."""
+    from keras_transformer.inference.translator import Translator
+
+    if not os.path.isdir(args.model):
+        raise SystemExit(f"{command}: --model {args.model}: no such directory (expected a training run directory).")
+    with _loading_errors(command, args.model):
+        return Translator.from_run_dir(args.model, **options)
+
+
+@contextlib.contextmanager
+def _loading_errors(command, path):
+    """Ends `command` with a message instead of a traceback when the model at `path` cannot be loaded."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"{command}: {error}") from None
+    except tf.errors.NotFoundError as error:  # e.g. a directory without the run's spm.model
+        raise SystemExit(f"{command}: --model {path}: {error.message}") from None

@@ -43,8 +43,13 @@ def run(args):
         sources, references = read_lines(args.src, "evaluate"), read_lines(args.ref, "evaluate")
     if len(sources) != len(references):
         raise SystemExit(f"evaluate: {args.src} has {len(sources)} lines but {args.ref} has {len(references)}.")
-    translator = load_translator(args)
-    hypotheses = translator.translate(sources, batch_size=args.batch_size, progress=args.progress)
+    if not sources:  # checked before the model loads
+        raise SystemExit(f"evaluate: {args.src} and {args.ref} have no sentences.")
+    translator = load_translator(args, "evaluate")
+    try:
+        hypotheses = translator.translate(sources, batch_size=args.batch_size, progress=args.progress)
+    except ValueError as error:  # an option the model refuses: --batch-size
+        raise SystemExit(f"evaluate: {error}") from None
     result = corpus_scores(hypotheses, references, lang=args.tgt_lang)
     result.update(model=args.model, sentences=len(sources))
     if args.multi30k:

@@ -2,6 +2,7 @@
 
 import sys
 
+from keras_transformer.cli.decoding_options import load_run_translator
 from keras_transformer.cli.text_files import read_lines
 
 
@@ -22,7 +23,7 @@ def register(subparsers):
 
 def run(args):
     from keras_transformer.inference.scoring import score_pairs
-    from keras_transformer.inference.translator import Translator, is_saved_model
+    from keras_transformer.inference.translator import is_saved_model
 
     if is_saved_model(args.model):
         raise SystemExit(f"score: {args.model} is an exported SavedModel, which translates but does not score; "
@@ -30,7 +31,7 @@ def run(args):
     sources, targets = read_lines(args.src, "score"), read_lines(args.tgt, "score")
     if len(sources) != len(targets):
         raise SystemExit(f"score: {args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}.")
-    translator = Translator.from_run_dir(args.model, checkpoint=args.checkpoint)
+    translator = load_run_translator(args, "score", checkpoint=args.checkpoint)
     for score in score_pairs(translator, sources, targets, batch_size=args.batch_size, normalize=args.normalize):
         sys.stdout.write(f"{score:.6f}\n")
     return 0

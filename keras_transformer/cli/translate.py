@@ -3,7 +3,7 @@
 import sys
 
 from keras_transformer.cli.decoding_options import add_model_options, load_translator
-from keras_transformer.cli.text_files import read_lines
+from keras_transformer.cli.text_files import read_lines, read_stdin_lines
 
 
 def register(subparsers):
@@ -33,14 +33,19 @@ def read_sentences(args):
         return list(args.sentences)
     if args.input and args.input != "-":
         return read_lines(args.input, "translate")
-    return [line.rstrip("\n") for line in sys.stdin]
+    return read_stdin_lines("translate")
 
 
 def run(args):
-    translator = load_translator(args)
+    if args.sentences and args.input:
+        raise SystemExit("translate: give sentences as arguments or --input, not both.")
+    translator = load_translator(args, "translate")
     sentences = read_sentences(args)
-    translations = translator.translate(sentences, batch_size=args.batch_size,
-                                        progress=not args.sentences and not args.quiet, n_best=args.n_best)
+    try:
+        translations = translator.translate(sentences, batch_size=args.batch_size,
+                                            progress=not args.sentences and not args.quiet, n_best=args.n_best)
+    except ValueError as error:  # an option the model refuses: --batch-size, --n-best
+        raise SystemExit(f"translate: {error}") from None
     for index, result in enumerate(translations):
         if args.n_best is None:
             sys.stdout.write(result.replace("\n", " ") + "\n")

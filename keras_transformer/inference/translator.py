@@ -20,6 +20,7 @@ Defined answers for awkward input (no crash, no hang):
 
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -56,7 +57,8 @@ class Translator(tf.Module):
         max_extra_length: output may be this many tokens longer than the
             source (50 in the paper).
         max_input_length: longest source in tokens (EOS included); longer
-            ones are truncated. Default: the model's `config.max_length`.
+            ones are truncated. Default: the model's `config.max_length`, also
+            its upper bound for a model with learned positions.
         jit_compile: compile the search with XLA.
         early_stopping: "exact" (default) or "k_finished", see
             `keras_transformer.decoding.beam_search`.
@@ -102,6 +104,10 @@ class Translator(tf.Module):
         self.max_input_length = int(max_input_length or model.config.max_length)
         if self.max_input_length < 2:
             raise ValueError(f"max_input_length must be at least 2, got {self.max_input_length}.")
+        if model.config.positional_encoding == "learned" and self.max_input_length > model.config.max_length:
+            # Learned positions have no embedding past the table: a longer source would fail in the graph.
+            raise ValueError(f"max_input_length {self.max_input_length} exceeds the model's max_length "
+                             f"{model.config.max_length}, the size of its learned position table.")
         self.sampling = dict(sampling) if sampling else None
         options = dict(max_extra_length=self.max_extra_length)
         if self.sampling:
@@ -199,9 +205,7 @@ class Translator(tf.Module):
             token_ids, scores = token_ids[:, :n_best], scores[:, :n_best]
             shape = tf.shape(token_ids)
             texts = self.tokenizer.detokenize(tf.reshape(token_ids, [shape[0] * shape[1], shape[2]]))
-            if self.beam_size == 1:
-                lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
-                scores = scores / decoding.length_penalty(lengths, self.alpha)
+            # Beam search (for every beam size, 1 too) already gives log P / lp(|Y|).
             return tf.reshape(texts, [shape[0], shape[1]]), scores
 
         def nothing():
@@ -241,7 +245,8 @@ class Translator(tf.Module):
             raise ValueError(f"workers must be a positive integer, got {workers!r}.")
         limit = getattr(self, "max_batch_size", None)
         if not 1 <= batch_size <= (limit or batch_size):
-            raise ValueError(f"batch_size must be between 1 and {limit}, got {batch_size}.")
+            raise ValueError(f"batch_size must be between 1 and {limit}, got {batch_size}." if limit else
+                             f"batch_size must be at least 1, got {batch_size}.")
         if n_best is not None:
             self.n_best_strings(tf.constant([], tf.string), n_best)  # checks n_best before any work
         sentences = list(sentences)
@@ -289,7 +294,10 @@ class Translator(tf.Module):
 
 
 class SavedModelTranslator:
-    """The same `translate` interface over an exported SavedModel (`serving_default`)."""
+    """The same `translate` interface over an exported SavedModel (`serving_default`).
+
+    Its `max_batch_size` is the one the export's `export.json` records (None if it records none).
+    """
 
     def __init__(self, path):
         # The export's graph tokenizes with tensorflow-text's ops, which TensorFlow knows only once
@@ -299,6 +307,7 @@ class SavedModelTranslator:
         self.path = resolve_saved_model_dir(path)
         self._loaded = tf.saved_model.load(self.path)
         self._serve = self._loaded.signatures[SIGNATURE_NAME]
+        self.max_batch_size = _recorded_max_batch_size(self._loaded)
 
     def translate_strings(self, inputs):
         return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
@@ -318,6 +327,15 @@ class SavedModelTranslator:
     def translate(self, sentences, batch_size=DEFAULT_TRANSLATE_BATCH_SIZE, progress=False, return_scores=False,
                   workers=2, n_best=None):
         return Translator.translate(self, sentences, batch_size, progress, return_scores, workers, n_best)
+
+
+def _recorded_max_batch_size(loaded):
+    """The most sentences per request a loaded export takes, as its `export.json` records; None if unknown."""
+    asset = getattr(loaded, "export_info", None)  # None: a SavedModel not written by keras-transformer
+    if asset is None:
+        return None
+    with tf.io.gfile.GFile(asset.asset_path.numpy().decode("utf-8")) as f:
+        return json.load(f).get("decoding", {}).get("max_batch_size")
 
 
 def _even_batches(order, batch_size, workers):
