@@ -66,6 +66,19 @@ def test_invalid_utf8_is_replaced_not_fatal(translator):
     assert source.shape[0] == 1 and source[0, -1] == 3  # replacement char, then EOS
 
 
+
+def test_sentences_are_normalized_as_training_files_are_read(translator):
+    """Tabs, runs of spaces, Unicode whitespace at the ends and a byte-order mark: the file reader's answer."""
+    from keras_transformer.data.text import decode_text_lines
+
+    raw = ["\ufeffA dog\truns  on the\u00a0beach.\u3000", "\u00a0\u3000", "A man\t \tsleeps."]
+    texts, scores = run(translator, raw)
+    expected, expected_scores = run(translator, decode_text_lines("\n".join(raw).encode("utf-8"), "test"))
+    assert texts == expected and texts[1] == ""  # whitespace only: blank
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+    assert translator.normalized(tf.constant(raw)).numpy().tolist() == [
+        "A dog runs on the\u00a0beach.".encode(), b"", b"A man sleeps."]
+
 def test_long_input_is_truncated_and_output_bounded(translator, tokenizer):
     long = " ".join(["A man in a blue shirt is standing on a ladder."] * 40)
     ids = translator.source_ids(tf.constant([long])).numpy()

@@ -7,6 +7,10 @@ model answers exactly as the in-process one.
 
 Defined answers for awkward input (no crash, no hang):
 
+- sentences are normalized as training files are read (`normalize_in_graph`:
+  runs of spaces and tabs inside become one space, whitespace at the ends,
+  Unicode's too, is dropped; and a leading byte-order mark), so a served
+  model translates a line as `translate --input FILE` does;
 - an empty or blank sentence gets an empty translation and score 0;
 - invalid UTF-8 bytes are replaced by U+FFFD before tokenization;
 - a sentence longer than the model's `max_length` tokens is truncated (its
@@ -30,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
+from keras_transformer.data.text import normalize_in_graph
 from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
@@ -125,12 +130,18 @@ class Translator(tf.Module):
 
     # In-graph -------------------------------------------------------------------
 
-    def source_ids(self, sentences):
-        """Sentences `[N]` -> 0-padded source ids `[N, S]`: subwords, truncated, then EOS."""
+    @staticmethod
+    def normalized(sentences):
+        """Sentences `[N]` as the training data was read: valid UTF-8 (U+FFFD for invalid bytes), no leading
+        byte-order mark, runs of spaces and tabs as one space, no whitespace at either end (Unicode's too)."""
         sentences = tf.strings.unicode_transcode(
             sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
         )
-        sentences = tf.strings.strip(sentences)
+        return normalize_in_graph(tf.strings.regex_replace(sentences, "^\ufeff", ""))
+
+    def source_ids(self, sentences):
+        """Sentences `[N]` -> 0-padded source ids `[N, S]`: `normalized`, subwords, truncated, then EOS."""
+        sentences = self.normalized(sentences)
         pieces = self.tokenizer.tokenize(sentences)[:, : self.max_input_length - 1]
         eos = tf.fill([tf.shape(sentences)[0], 1], tf.constant(EOS_ID, pieces.dtype))
         return tf.concat([pieces, eos], axis=1).to_tensor(default_value=PAD_ID)
@@ -144,7 +155,7 @@ class Translator(tf.Module):
         the end token, for every beam size (greedy too); 0 for a blank input.
         """
         inputs = self._checked_inputs(inputs)
-        blank = tf.equal(tf.strings.length(tf.strings.strip(inputs)), 0)
+        blank = tf.equal(tf.strings.length(self.normalized(inputs)), 0)
 
         def run():
             token_ids, scores = self.search(self.source_ids(inputs))
@@ -198,7 +209,7 @@ class Translator(tf.Module):
 
     def _n_best_graph(self, inputs, n_best):
         inputs = self._checked_inputs(inputs)
-        blank = tf.equal(tf.strings.length(tf.strings.strip(inputs)), 0)[:, None]  # [N, 1]
+        blank = tf.equal(tf.strings.length(self.normalized(inputs)), 0)[:, None]  # [N, 1]
 
         def run():
             token_ids, scores = self._search_all(self.source_ids(inputs))  # [N, K, L], [N, K]
