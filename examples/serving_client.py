@@ -102,7 +102,7 @@ def main(argv=None):
     if args.in_flight < 1:
         parser.error(f"--in-flight must be at least 1, got {args.in_flight}")
 
-    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
+    sentences = args.sentences or read_stdin(args.rest)
     translate = translate_rest if args.rest else translate_grpc
     port = args.port or (8501 if args.rest else 8500)
     requests = [sentences[start : start + args.batch_size] for start in range(0, len(sentences), args.batch_size)]
@@ -110,12 +110,36 @@ def main(argv=None):
     def send(request):
         return translate(request, args.host, port, args.model, args.version, args.timeout)
 
-    with concurrent.futures.ThreadPoolExecutor(args.in_flight) as pool:
-        for translations, scores in pool.map(send, requests):  # in input order, each as soon as it is in
-            for translation, score in zip(translations, scores):
-                translation = translation.replace("\n", " ")
-                print(f"{score:.4f}\t{translation}" if args.scores else translation, flush=True)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(args.in_flight) as pool:
+            for translations, scores in pool.map(send, requests):  # in input order, each as soon as it is in
+                for translation, score in zip(translations, scores):
+                    translation = translation.replace("\n", " ")
+                    print(f"{score:.4f}\t{translation}" if args.scores else translation, flush=True)
+    except Exception as error:  # noqa: BLE001 - the server's or the network's, said in one line
+        raise SystemExit(f"serving_client: {args.host}:{port} ({'REST' if args.rest else 'gRPC'}): "
+                         f"{describe_error(error)}") from None
     return 0
+
+
+def read_stdin(rest):
+    """Standard input's lines. gRPC sends them as bytes, so the model sees invalid UTF-8 as it is (and
+    replaces it, as it documents); JSON can only carry text, so REST decodes with U+FFFD replacements."""
+    lines = sys.stdin.buffer.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # final newline
+    lines = [line.rstrip(b"\r") for line in lines]
+    return [line.decode("utf-8", "replace") for line in lines] if rest else lines
+
+
+def describe_error(error):
+    """One line for a failed request: the unreachable server, the gRPC status, the HTTP answer."""
+    if isinstance(error, urllib.error.URLError) and not isinstance(error, urllib.error.HTTPError):
+        return f"cannot reach the server ({error.reason})"
+    code, details = getattr(error, "code", None), getattr(error, "details", None)
+    if callable(code) and callable(details):  # grpc.RpcError
+        return f"{code().name}: {details()}"
+    return str(error)
 
 
 if __name__ == "__main__":

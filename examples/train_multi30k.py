@@ -17,7 +17,7 @@ saved_models/multi30k_en_de/, with the same decoding options.
 Run:
     python examples/train_multi30k.py                      # the demo (~30 min on 2 CPU cores)
     python examples/train_multi30k.py --max-steps 20 --preset tiny --vocab-size 500 \\
-        --eval-limit 8 --output /tmp/smoke                  # seconds: a smoke test
+        --eval-limit 8 --output /tmp/smoke --no-export      # seconds: a smoke test
 
 Any `keras-transformer train` option works here too (see --help).
 """
@@ -39,7 +39,7 @@ from keras_transformer.data import corpora  # noqa: E402
 from keras_transformer.decoding.defaults import DEFAULT_TRANSLATE_BATCH_SIZE  # noqa: E402
 from keras_transformer.inference.evaluation import corpus_scores, format_scores  # noqa: E402
 from keras_transformer.inference.saved_model import export_saved_model  # noqa: E402
-from keras_transformer.inference.translator import Translator  # noqa: E402
+from keras_transformer.inference.translator import MAX_BATCH_SIZE, Translator  # noqa: E402
 from keras_transformer.run_dir import read_config  # noqa: E402
 
 # The demo's recipe, chosen on the validation split by benchmarks/recipe_trials.py
@@ -104,7 +104,8 @@ def build_parser():
     )
     train_cli.add_training_arguments(parser, DEMO_DEFAULTS)
     evaluation = parser.add_argument_group("evaluation and export")
-    evaluation.add_argument("--eval-split", default="test2016", help="Multi30k split to score (default test2016)")
+    evaluation.add_argument("--eval-split", default="test2016", choices=corpora.MULTI30K_SPLITS,
+                            help="Multi30k split to score (default test2016)")
     evaluation.add_argument("--eval-limit", type=int, default=None,
                             help="score only the first N sentences (default all 1000)")
     evaluation.add_argument("--beam", type=int, default=DEMO_BEAM_SIZE,
@@ -179,10 +180,21 @@ def versions():
     return {name: metadata.version(name) for name in ("keras-transformer", "tensorflow", "keras", "sacrebleu")}
 
 
+def check_evaluation_options(parser, namespace):
+    """Refuses, before training, what would only fail once the model is trained."""
+    for flag, lang in (("--src", namespace.src), ("--tgt", namespace.tgt)):
+        if lang not in corpora.MULTI30K_LANGUAGES:
+            parser.error(f"{flag} {lang}: the demo scores Multi30k, whose languages are "
+                         f"{', '.join(corpora.MULTI30K_LANGUAGES)}.")
+    if not 1 <= namespace.eval_batch_size <= MAX_BATCH_SIZE:
+        parser.error(f"--eval-batch-size must be between 1 and {MAX_BATCH_SIZE}, got {namespace.eval_batch_size}.")
+
+
 def main(argv=None):
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     namespace = parser.parse_args(argv)
+    check_evaluation_options(parser, namespace)
     args = training_args(namespace)
     command = "python examples/train_multi30k.py " + shlex.join(argv)
 
@@ -192,6 +204,8 @@ def main(argv=None):
     if result.stopped_on_nan:
         print("Training diverged (NaN loss); not evaluating.")
         return {"stopped_on_nan": True}
+    if not result.is_chief:  # under MultiWorkerMirroredStrategy the chief evaluates and exports
+        return {"step": result.step, "is_chief": False}
 
     sources = corpora.read_lines(namespace.eval_split, args.src)
     references = corpora.read_lines(namespace.eval_split, args.tgt)
@@ -245,5 +259,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
-    sys.exit(0)
+    sys.exit(1 if main().get("stopped_on_nan") else 0)

@@ -140,14 +140,20 @@ def main(argv=None):
         config = args.model_config()
         print(json.dumps({"recipe": chosen, "model": config.to_dict(), "training": args.to_dict()}, indent=2))
         return args
-    if not namespace.eval_only:
+    if namespace.eval_only:
+        if not os.path.isdir(args.output):
+            raise SystemExit(f"--eval-only: {args.output} is not a run directory (--output).")
+    else:
         result = training.train(args)
         if result.stopped_on_nan:
             print("Training diverged (NaN loss); not evaluating.")
+            return result
+        if not result.is_chief:  # under MultiWorkerMirroredStrategy the chief evaluates
             return result
     return evaluate_newstest2014(args.output, args.src, args.tgt, namespace.beam, namespace.alpha,
                                  namespace.eval_batch_size, namespace.eval_limit)
 
 
 if __name__ == "__main__":
-    main()
+    outcome = main()
+    sys.exit(1 if getattr(outcome, "stopped_on_nan", False) else 0)

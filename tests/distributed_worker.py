@@ -113,7 +113,7 @@ def multiworker(run_dir, spm_model, steps=4):
     args = training.TrainingArgs(output=run_dir, max_steps=steps, **{**TINY, "checkpoint_every": 2})
     result = training.train(args, strategy=strategy)
     print(json.dumps(dict(task=task, replicas=strategy.num_replicas_in_sync, step=result.step,
-                          run_dir=result.run_dir)), flush=True)
+                          run_dir=result.run_dir, is_chief=result.is_chief)), flush=True)
 
 
 if __name__ == "__main__":

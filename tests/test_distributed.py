@@ -123,6 +123,7 @@ def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
         assert process.returncode == 0, out[-3000:] + err[-3000:]
     results = [last_json_line(out) for out, _ in outputs]
     assert [r["replicas"] for r in results] == [2, 2] and [r["step"] for r in results] == [4, 4]
+    assert [r["is_chief"] for r in results] == [True, False]  # only the chief evaluates and exports (examples)
 
     chief = read_weights(run_dir / "checkpoints" / "ckpt-00000004.weights.h5")
     worker = read_weights(run_dir / "worker-1" / "checkpoints" / "ckpt-00000004.weights.h5")

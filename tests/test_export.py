@@ -519,3 +519,27 @@ def test_serving_client(exported, translator):
     for bad in (["--batch-size", "0"], ["--batch-size", "1025"], ["--in-flight", "0"]):
         with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
             client.main(bad + sentences)
+
+
+def test_serving_client_sends_stdin_bytes_and_says_when_the_server_is_down(exported, translator, monkeypatch):
+    import socket
+
+    client = _client()
+    serve = tf.saved_model.load(exported).signatures["serving_default"]
+    raw = b"A dog \xff runs.\nTwo men.\n"  # invalid UTF-8: the model replaces it, the client must not fail
+    expected = translator.translate(["A dog \ufffd runs.", "Two men."])
+    server, port = _grpc_stand_in(serve)
+    try:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw)))
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            assert client.main(["--port", str(port), "--model", "tiny"]) == 0
+    finally:
+        server.stop(None)
+    assert stdout.getvalue().split("\n")[:-1] == expected
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    for flags, said in ((["--rest"], "cannot reach the server"), ([], "UNAVAILABLE")):
+        with pytest.raises(SystemExit, match=f"127.0.0.1:{free} .*{said}"):
+            client.main(flags + ["--host", "127.0.0.1", "--port", str(free), "--timeout", "5", "A dog."])

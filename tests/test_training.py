@@ -315,6 +315,7 @@ def test_time_budget_is_refused_with_multi_worker_strategy():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["is_multi_worker"] and result["without_budget"] == "accepted"
     assert "--time-budget is not supported with MultiWorkerMirroredStrategy" in result["with_budget"]
+    assert "Pass --time-budget none" in result["with_budget"]
 
 
 @pytest.mark.parametrize(
@@ -815,3 +816,28 @@ def test_wmt14_example_has_the_papers_recipes(capsys):
     assert (config.num_layers, config.d_model, config.num_heads, config.d_ff, config.dropout) == (
         6, 1024, 16, 4096, 0.3)
     assert '"recipe": "big"' in capsys.readouterr().out
+
+
+def test_example_flags_that_take_none_and_options_checked_before_training(tmp_path, capsys):
+    """A command's default budget, validation BLEU or step count can be switched off ("none"); what would
+    only fail once the model is trained is refused before."""
+    spec = importlib.util.spec_from_file_location("train_multi30k", ROOT / "examples" / "train_multi30k.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    parser = example.build_parser()
+    args = train_cli.args_from_namespace(parser.parse_args(
+        ["--time-budget", "none", "--validate-bleu-every", "none", "--validation-split", "none"]))
+    assert (args.time_budget, args.validate_bleu_every, args.validation_split) == (None, None, None)
+    for argv, said in ((["--eval-split", "test2017"], "invalid choice"),
+                       (["--data", "files:{split}.fr,{split}.de", "--src", "fr"], "--src fr: the demo scores Multi30k"),
+                       (["--eval-batch-size", "2000"], "--eval-batch-size must be between 1 and 1024")):
+        with pytest.raises(SystemExit):
+            example.main(argv + ["--output", str(tmp_path / "never")])
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()  # refused before anything was trained
+    wmt_spec = importlib.util.spec_from_file_location("train_wmt14", ROOT / "examples" / "train_wmt14.py")
+    wmt = importlib.util.module_from_spec(wmt_spec)
+    wmt_spec.loader.exec_module(wmt)
+    assert wmt.main(["--dry-run", "--max-steps", "none", "--epochs", "3"]).max_steps is None
+    with pytest.raises(SystemExit, match="is not a run directory"):
+        wmt.main(["--eval-only", "--output", str(tmp_path / "missing")])

@@ -53,6 +53,11 @@ def _float_or_none(text):
     return None if text.strip().lower() == "none" else float(text)
 
 
+def _int_or_none(text):
+    """An integer, or "none" for None."""
+    return None if text.strip().lower() == "none" else int(text)
+
+
 _CONFIG_FLAGS = (
     # flag, TransformerConfig field, type, help
     ("--num-layers", "num_layers", int, "N, layers per stack (§3.1)"),
@@ -126,13 +131,15 @@ def _add_schedule_flags(parser, d):
     """How long and at what learning rate (§5.2, §5.3)."""
     schedule = parser.add_argument_group("schedule")
     schedule.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data (default %(default)s)")
-    schedule.add_argument("--max-steps", type=int, default=d.max_steps,
-                          help="optimizer steps to train (wins over --epochs; §5.2: 100k base, 300k big)")
+    schedule.add_argument("--max-steps", type=_int_or_none, default=d.max_steps,
+                          help="optimizer steps to train (wins over --epochs; §5.2: 100k base, 300k big"
+                               + (f"; default {d.max_steps}, none: --epochs decides)" if d.max_steps else ")"))
     schedule.add_argument("--steps-per-epoch", type=int, default=d.steps_per_epoch,
                           help="epoch length for streamed tfds: data (default 1000)")
-    schedule.add_argument("--time-budget", type=float, default=d.time_budget, metavar="MINUTES",
+    schedule.add_argument("--time-budget", type=_float_or_none, default=d.time_budget, metavar="MINUTES",
                           help="stop once training has taken this long (over resumes too), if before "
-                               "--max-steps/--epochs" + (f" (default {d.time_budget:g})" if d.time_budget else ""))
+                               "--max-steps/--epochs"
+                               + (f" (default {d.time_budget:g}; none for no budget)" if d.time_budget else ""))
     schedule.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
                           help="warmup of equation (3) (§5.3; default %(default)s)")
     schedule.add_argument("--lr-scale", type=float, default=d.lr_scale,
@@ -178,10 +185,10 @@ def _add_run_flags(parser, d):
                           "export it: an alternative to --average-last (default off)")
     run.add_argument("--validate-every", type=int, default=d.validate_every,
                      help="epochs between validation runs (default %(default)s)")
-    run.add_argument("--validate-bleu-every", type=int, default=d.validate_bleu_every, metavar="STEPS",
+    run.add_argument("--validate-bleu-every", type=_int_or_none, default=d.validate_bleu_every, metavar="STEPS",
                      help="translate the validation split every STEPS steps (and at the end) and log its BLEU "
                           "(progress output, bleu.csv, history.csv, TensorBoard); default "
-                          f"{d.validate_bleu_every or 'off'}")
+                          f"{str(d.validate_bleu_every) + ', none: off' if d.validate_bleu_every else 'off'}")
     run.add_argument("--bleu-search", choices=("greedy", "beam"), default=d.bleu_search,
                      help="search for --validate-bleu-every: greedy or beam 4 (default %(default)s)")
     run.add_argument("--keep-best", action=argparse.BooleanOptionalAction, default=d.keep_best,

@@ -374,6 +374,7 @@ def _finish(state, monitor):
         history=read_csv(run.path(HISTORY_FILENAME)), val_metrics=val_metrics, tokens_per_sec=speed,
         stopped_on_nan=monitor.stopped_on_nan, early_stopped=monitor.early_stopped,
         val_bleu=validator.latest if validator else None, best_val_bleu=validator.best if validator else None,
+        is_chief=run.is_chief,
     )
 
 

@@ -241,6 +241,9 @@ class TrainingResult:
         early_stopped: training stopped because validation BLEU stopped improving.
         val_bleu: `(step, BLEU)` of the last validation BLEU (or None).
         best_val_bleu: `(step, BLEU)` of the best one (or None).
+        is_chief: whether this process is the chief worker (always, without
+            MultiWorkerMirroredStrategy): only the chief should evaluate,
+            export or write beside the run's files.
     """
 
     run_dir: str
@@ -255,3 +258,4 @@ class TrainingResult:
     early_stopped: bool = False
     val_bleu: Optional[tuple] = None
     best_val_bleu: Optional[tuple] = None
+    is_chief: bool = True

@@ -154,7 +154,8 @@ def check_time_budget(args, strategy):
     """Workers timing themselves would stop at different steps and leave the others waiting."""
     if args.time_budget is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         raise ValueError("--time-budget is not supported with MultiWorkerMirroredStrategy (TF_CONFIG): each "
-                         "worker would stop at its own step. Use --max-steps or --epochs.")
+                         "worker would stop at its own step. Pass --time-budget none and use --max-steps or "
+                         "--epochs.")
 
 
 def work_around_keras_multiworker(model, strategy, element_spec):
