@@ -87,7 +87,7 @@ def test_sampling_from_the_command_line(tiny_run_dir, capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--sampling-temperature", "0"], "translate: temperature must be > 0, got 0.0"),
+    (["--sampling-temperature", "0"], "translate: temperature must be > 0 and finite, got 0.0"),
     (["--sampling-topk", "-1"], "translate: top_k must be a non-negative integer, got -1"),
 ])
 def test_bad_sampling_flags_are_refused(tiny_run_dir, flags, message):

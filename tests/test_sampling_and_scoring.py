@@ -83,7 +83,31 @@ def test_top_k_restricts_the_draws(model):
             prefix.append(int(token))
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(top_k=-1), dict(seed="x")])
+@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=float("inf")), dict(top_k=-1),
+                                 dict(seed="x")])
 def test_bad_sampling_options_are_refused(model, bad):
     with pytest.raises(ValueError):
         sampling_search(model, sources(), **bad)
+
+
+def test_no_temperature_brings_forbidden_tokens_back(model):
+    """Pad is never drawn and the end token not before min_length, however flat the temperature makes the rest."""
+    src = np.repeat(sources(), 10, axis=0)
+    ids, _ = sampling_search(model, src, temperature=1e9, seed=1, min_length=10, max_length=30)
+    ids = ids.numpy()
+    for row in ids:
+        length = int(np.sum(row != 0))
+        assert (row[:length] != 0).all() and (row[length:] == 0).all()  # no pad inside
+        assert 3 not in row[:10]  # eos id 3: not among the first min_length tokens
+
+
+@pytest.mark.parametrize("search", [greedy_search, beam_search, sampling_search])
+def test_searches_of_one_output_token(model, search):
+    """max_length=1 (a buffer of one position) decodes as the reference without cache."""
+    ids, _ = search(model, sources(), max_length=1)
+    reference, _ = search(model, sources(), max_length=1, use_cache=False,
+                          **({"seed": 3} if search is sampling_search else {}))
+    if search is sampling_search:
+        ids, _ = search(model, sources(), max_length=1, seed=3)
+    assert ids.shape == (4, 1)
+    np.testing.assert_array_equal(ids, reference)

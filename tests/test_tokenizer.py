@@ -217,3 +217,8 @@ def test_sampling_alpha_works_in_tf_data_and_rejects_bad_values(tokenizer, val_s
     for bad in (1.5, -0.1):
         with pytest.raises(ValueError, match="sampling_alpha"):
             tokenizer.tokenize(["A dog."], sampling_alpha=bad)
+
+
+def test_training_on_blank_text_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="every training sentence is empty or blank"):
+        train_tokenizer(["", "   ", "\t"], str(tmp_path / "spm"), vocab_size=50)

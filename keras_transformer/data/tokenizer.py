@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import tempfile
@@ -289,10 +290,14 @@ def train_tokenizer(
     parent = os.path.dirname(model_prefix)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    sentences = (t.strip() for t in texts)
+    sentences = (s for s in (t.strip() for t in texts) if s)
+    first = next(sentences, None)
+    if first is None:  # SentencePiece would only say "[!sentences_.empty()]"
+        raise ValueError(f"No text to learn a vocabulary from: every training sentence is empty or blank "
+                         f"(tokenizer {model_prefix}).")
     spm.set_random_generator_seed(seed)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=(s for s in sentences if s),
+        sentence_iterator=itertools.chain([first], sentences),
         model_prefix=model_prefix,
         vocab_size=vocab_size,
         model_type=model_type,

@@ -55,7 +55,8 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
             token_log_probs, tokens = top_allowed_tokens(logits, 1, i, min_length, eos_id)  # [B, 1, 1]
             tokens, token_log_probs = tokens[:, 0, 0], token_log_probs[:, 0, 0]  # [B]
         else:
-            log_probs = forbid_tokens(tf.nn.log_softmax(logits[:, 0]), i, min_length, eos_id)  # [B, V]
+            # -inf, not NEG_INF: the temperature divides these, and -1e9 / 1e9 would be a likely token.
+            log_probs = forbid_tokens(tf.nn.log_softmax(logits[:, 0]), i, min_length, eos_id, -float("inf"))
             tokens = choose_tokens(log_probs, i)
             token_log_probs = tf.gather(log_probs, tokens, batch_dims=1)
         # Finished sentences only append padding and keep their score.

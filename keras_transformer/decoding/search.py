@@ -89,7 +89,8 @@ def sampling_search(
     arguments are those of `greedy_search`.
 
     Args:
-        temperature: > 0; 1 samples from the model, smaller is closer to greedy.
+        temperature: > 0 and finite; 1 samples from the model, smaller is
+            closer to greedy.
         top_k: 0 for the whole vocabulary; 1 is greedy search.
         seed: an int makes the draws reproducible (stateless random ops keyed
             by the seed and the step); None draws a new seed at every call.
@@ -245,8 +246,8 @@ def make_decode_fn(model, method="beam", jit_compile=False, **options):
 def _check_options(beam_size=1, alpha=0.0, max_length=None, min_length=0, bos_id=BOS_ID, eos_id=EOS_ID,
                    max_extra_length=EXTRA_OUTPUT_LENGTH, early_stopping=DEFAULT_EARLY_STOPPING, temperature=1.0,
                    top_k=0, seed=None, **_):
-    if not float(temperature) > 0.0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}.")
+    if not 0.0 < float(temperature) < float("inf"):
+        raise ValueError(f"temperature must be > 0 and finite, got {temperature!r}.")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

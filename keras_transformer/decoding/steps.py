@@ -115,7 +115,9 @@ class _CachedStep:
     def _own_slots_at(self, i, ancestry):
         """`ancestry [B, K, L]` with step i of hypothesis k in slot k of that step (`i*K + k`)."""
         at_i = tf.equal(tf.range(self.buffer_length), i)  # [L]
-        return tf.where(at_i, tf.range(self.beam_size)[:, None], ancestry)
+        # The buffer length is a tensor here: with L = 1, broadcasting would lose the static L of the ancestry,
+        # which the while loop's shape invariant holds it to.
+        return tf.ensure_shape(tf.where(at_i, tf.range(self.beam_size)[:, None], ancestry), ancestry.shape)
 
     def _decoder_cache(self, self_cache, sentences):
         """The `model.decode_step` cache: the self-attention slots, each sentence's own and the shared entries."""

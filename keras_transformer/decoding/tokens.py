@@ -27,13 +27,16 @@ def output_limits(model, source_ids, max_length, max_extra_length=EXTRA_OUTPUT_L
     return buffer_length, tf.minimum(limits, buffer_length)
 
 
-def forbid_tokens(log_probs, i, min_length, eos_id):
-    """Pad is never generated; the end token not before `min_length` tokens. `[..., V]`."""
+def forbid_tokens(log_probs, i, min_length, eos_id, value=NEG_INF):
+    """Pad is never generated; the end token not before `min_length` tokens: `value` there. `[..., V]`.
+
+    Sampling passes -inf, which no temperature scales back into reach.
+    """
     token = tf.range(tf.shape(log_probs)[-1])
     forbidden = tf.equal(token, PAD_ID)
     if min_length > 0:
         forbidden |= tf.equal(token, eos_id) & (i < min_length)
-    return tf.where(forbidden, NEG_INF, log_probs)
+    return tf.where(forbidden, tf.cast(value, log_probs.dtype), log_probs)
 
 
 def top_allowed_tokens(logits, count, i, min_length, eos_id):
