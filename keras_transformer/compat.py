@@ -20,6 +20,23 @@ def graph_is_compiled_by_xla():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def runs_with_xla_semantics():
+    """Whether Keras ops built here are compiled by XLA, or run on a backend other than TensorFlow.
+
+    There a cache is updated in place (a dynamic-update-slice), and an
+    out-of-range gather or update clamps instead of raising; eager
+    TensorFlow and plain TensorFlow graphs raise. The layers that depend
+    on it (`MultiHeadAttention`, `LearnedPositionalEmbedding`) ask here.
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return True
+    import tensorflow as tf
+
+    return not tf.executing_eagerly() and graph_is_compiled_by_xla()
+
+
 def gradient_may_be_recorded():
     """Whether a gradient tape records the ops being built here (eagerly, or while a function is traced).
 

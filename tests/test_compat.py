@@ -42,6 +42,19 @@ def test_graph_is_compiled_by_xla():
     assert compat.graph_is_compiled_by_xla() is False  # eager
 
 
+def test_runs_with_xla_semantics():
+    seen = {}
+
+    def probe(name):
+        seen[name] = compat.runs_with_xla_semantics()
+        return tf.constant(1.0)
+
+    tf.function(lambda: probe("plain"))()
+    tf.function(lambda: probe("xla"), jit_compile=True)()
+    probe("eager")
+    assert seen == {"plain": False, "xla": True, "eager": False}
+
+
 def test_gradient_may_be_recorded():
     seen = []
 

@@ -32,13 +32,7 @@ def in_place_cache_writes():
     what beam search relies on to start from an empty cache. (TensorFlow's
     dynamic-update-slice is an XLA op; other backends always have one.)
     """
-    if keras.backend.backend() != "tensorflow":
-        return True
-    import tensorflow as tf
-
-    if tf.executing_eagerly():
-        return False
-    return compat.graph_is_compiled_by_xla()
+    return compat.runs_with_xla_semantics()
 
 
 def causal_mask(query_length, key_length, offset=0):

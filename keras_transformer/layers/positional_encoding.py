@@ -112,7 +112,7 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
         if positions is None:
             positions = ops.arange(ops.shape(inputs)[1]) + start_index
         outputs = inputs + ops.take(self.position_embeddings, positions, axis=0)[None, :, :]
-        if _gather_may_clamp():
+        if compat.runs_with_xla_semantics():
             # XLA clamps an out-of-range gather to the table's last row and cannot raise: NaN makes it visible.
             outside = ops.any(ops.logical_or(positions < 0, positions >= self.max_length))
             outputs = outputs + ops.cast(ops.where(outside, float("nan"), 0.0), outputs.dtype)
@@ -127,12 +127,3 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             {"max_length": self.max_length, "initializer": keras.initializers.serialize(self.initializer)}
         )
         return config
-
-
-def _gather_may_clamp():
-    """Whether a gather out of range may return a row instead of raising: under XLA (and on other backends)."""
-    if keras.backend.backend() != "tensorflow":
-        return True
-    import tensorflow as tf
-
-    return not tf.executing_eagerly() and compat.graph_is_compiled_by_xla()
