@@ -141,7 +141,10 @@ class Translator(tf.Module):
 
     def source_ids(self, sentences):
         """Sentences `[N]` -> 0-padded source ids `[N, S]`: `normalized`, subwords, truncated, then EOS."""
-        sentences = self.normalized(sentences)
+        return self._ids_of_normalized(self.normalized(sentences))
+
+    def _ids_of_normalized(self, sentences):
+        """`source_ids` of sentences `normalized` already."""
         pieces = self.tokenizer.tokenize(sentences)[:, : self.max_input_length - 1]
         eos = tf.fill([tf.shape(sentences)[0], 1], tf.constant(EOS_ID, pieces.dtype))
         return tf.concat([pieces, eos], axis=1).to_tensor(default_value=PAD_ID)
@@ -155,10 +158,11 @@ class Translator(tf.Module):
         the end token, for every beam size (greedy too); 0 for a blank input.
         """
         inputs = self._checked_inputs(inputs)
-        blank = tf.equal(tf.strings.length(self.normalized(inputs)), 0)
+        sentences = self.normalized(inputs)
+        blank = tf.equal(tf.strings.length(sentences), 0)
 
         def run():
-            token_ids, scores = self.search(self.source_ids(inputs))
+            token_ids, scores = self.search(self._ids_of_normalized(sentences))
             if self.beam_size == 1 or self.sampling:
                 # Greedy search and sampling give log P; every score is log P / lp(|Y|), as beam search's.
                 lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
@@ -209,10 +213,11 @@ class Translator(tf.Module):
 
     def _n_best_graph(self, inputs, n_best):
         inputs = self._checked_inputs(inputs)
-        blank = tf.equal(tf.strings.length(self.normalized(inputs)), 0)[:, None]  # [N, 1]
+        sentences = self.normalized(inputs)
+        blank = tf.equal(tf.strings.length(sentences), 0)[:, None]  # [N, 1]
 
         def run():
-            token_ids, scores = self._search_all(self.source_ids(inputs))  # [N, K, L], [N, K]
+            token_ids, scores = self._search_all(self._ids_of_normalized(sentences))  # [N, K, L], [N, K]
             token_ids, scores = token_ids[:, :n_best], scores[:, :n_best]
             shape = tf.shape(token_ids)
             texts = self.tokenizer.detokenize(tf.reshape(token_ids, [shape[0] * shape[1], shape[2]]))
