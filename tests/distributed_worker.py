@@ -12,6 +12,13 @@
         One worker of a MultiWorkerMirroredStrategy cluster (from TF_CONFIG).
         Trains a few steps; the run directory holds the final weights (the
         chief in RUN_DIR, worker i in RUN_DIR/worker-i). Prints one JSON line.
+
+    TF_CONFIG=... python tests/distributed_worker.py shards RUN_DIR SPM_MODEL
+        One worker of a two-worker cluster. Distributes the training batches
+        of two `fit` calls as `fit` does, with the corpus in memory and
+        streamed, and prints one JSON line: for each, whether every local
+        batch was this worker's half of the global batch the stream has at
+        that step, and digests of the global and local batches.
 """
 
 import json
@@ -116,6 +123,41 @@ def multiworker(run_dir, spm_model, steps=4):
                           run_dir=result.run_dir, is_chief=result.is_chief)), flush=True)
 
 
+def shards(run_dir, spm_model, steps=3):
+    from keras_transformer.training import strategy as distribute
+
+    strategy = distribute.get_strategy()  # before anything else touches TensorFlow
+    import numpy as np
+
+    from keras_transformer import data, training
+    from keras_transformer.data.tokenizer import Tokenizer
+    from keras_transformer.training.stream import TrainingData
+
+    worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    args = training.TrainingArgs(output=run_dir, **TINY)
+    tokenizer, text = Tokenizer(spm_model), data.load_dataset("multi30k", "train")
+    digest = lambda labels: int((labels.astype(np.int64) * (1 + np.arange(labels.size).reshape(labels.shape))).sum())
+    report = {}
+    for name, pool_limit in (("in_memory", data.MAX_DEFAULT_POOL_SIZE), ("streamed", 1000)):
+        data.MAX_DEFAULT_POOL_SIZE = pool_limit  # below the corpus's 29,000 pairs: streamed
+        training_data = TrainingData(args, tokenizer, text, strategy.num_replicas_in_sync, 32)
+        assert training_data.streamed == (name == "streamed")
+        expected = [labels.numpy() for _, labels in training_data.stream(0, 100).take(2 * steps)]
+        local = []
+        for first_step in (0, steps):  # two fit calls: the second goes on where the first stopped
+            dataset = strategy.experimental_distribute_dataset(training_data.batches(first_step, 100, count=steps))
+            for _, labels in dataset:
+                (labels,) = strategy.experimental_local_results(labels)
+                local.append(labels.numpy())
+        halves = [np.split(labels, 2)[worker] for labels in expected]
+        report[name] = dict(
+            own_half=[a.shape == b.shape and bool(np.array_equal(a, b)) for a, b in zip(local, halves)],
+            global_digests=[digest(labels) for labels in expected],
+            local_digests=[digest(labels) for labels in local],
+        )
+    print(json.dumps(dict(worker=worker, replicas=strategy.num_replicas_in_sync, **report)), flush=True)
+
+
 if __name__ == "__main__":
     mode, run_dir, spm_model = sys.argv[1:4]
-    {"mirrored": mirrored, "multiworker": multiworker}[mode](run_dir, spm_model)
+    {"mirrored": mirrored, "multiworker": multiworker, "shards": shards}[mode](run_dir, spm_model)

@@ -99,16 +99,16 @@ def read_weights(path):
     return arrays
 
 
-def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
+def run_two_workers(mode, run_dir, spm_model):
+    """Runs `distributed_worker.py MODE` as the two workers of a loopback cluster; their JSON results."""
     reserved = reserve_loopback_ports(2)  # bound until the workers are done
     cluster = {"worker": [f"127.0.0.1:{s.getsockname()[1]}" for s in reserved]}
-    run_dir = tmp_path / "run"
     processes = []
     try:
         for index in range(2):
             tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
             processes.append(subprocess.Popen(
-                [sys.executable, str(WORKER), "multiworker", str(run_dir), spm500],
+                [sys.executable, str(WORKER), mode, str(run_dir), spm_model],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(TF_CONFIG=tf_config),
             ))
         outputs = [process.communicate(timeout=TIMEOUT) for process in processes]
@@ -121,7 +121,12 @@ def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
             s.close()
     for process, (out, err) in zip(processes, outputs):
         assert process.returncode == 0, out[-3000:] + err[-3000:]
-    results = [last_json_line(out) for out, _ in outputs]
+    return [last_json_line(out) for out, _ in outputs]
+
+
+def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
+    run_dir = tmp_path / "run"
+    results = run_two_workers("multiworker", run_dir, spm500)
     assert [r["replicas"] for r in results] == [2, 2] and [r["step"] for r in results] == [4, 4]
     assert [r["is_chief"] for r in results] == [True, False]  # only the chief evaluates and exports (examples)
 
@@ -133,3 +138,18 @@ def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
         np.testing.assert_array_equal(chief[name], worker[name], err_msg=name)
     assert any(not np.array_equal(chief[name], earlier[name]) for name in chief)  # it did train
     assert (run_dir / "model.keras").exists() and (run_dir / "worker-1" / "model.keras").exists()
+
+
+def test_each_worker_trains_on_its_half_of_the_same_global_batches(tmp_path, spm500):
+    """Both workers build the same global batches and keep disjoint halves (auto-shard policy DATA),
+    across two `fit` calls, with the corpus in memory and streamed (the one iterator `TrainingData.batches`
+    keeps from one call to the next). Were the data not sharded, or the streams seeded apart, a worker
+    would train on batches the other worker also trains on, or on none of the global batch."""
+    results = run_two_workers("shards", tmp_path / "run", spm500)
+    assert [r["worker"] for r in results] == [0, 1] and [r["replicas"] for r in results] == [2, 2]
+    for path in ("in_memory", "streamed"):
+        first, second = (r[path] for r in results)
+        assert first["own_half"] == [True] * 6 and second["own_half"] == [True] * 6, path
+        assert first["global_digests"] == second["global_digests"], path
+        assert len(set(first["global_digests"])) == 6, path  # six different batches: the stream moved on
+        assert all(a != b for a, b in zip(first["local_digests"], second["local_digests"])), path

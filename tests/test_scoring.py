@@ -38,6 +38,9 @@ def test_normalized_scores_are_per_token(tiny_run_dir):
     assert all(score < 0 for score in totals)
     with pytest.raises(ValueError, match="12 sources but 11 targets"):
         score_pairs(translator, SOURCES, targets[:11])
+    for bad in (0, -3, 2.5):  # range(0, N, 0) used to raise its own ValueError; 2.5 a TypeError
+        with pytest.raises(ValueError, match=f"batch_size must be at least 1, got {bad}"):
+            score_pairs(translator, SOURCES, targets, batch_size=bad)
 
 
 def test_score_command_prints_one_score_per_pair(tiny_run_dir, tmp_path, capsys):
@@ -53,3 +56,6 @@ def test_score_command_prints_one_score_per_pair(tiny_run_dir, tmp_path, capsys)
     tgt.write_text("one line\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="5 lines but .* has 1"):
         cli.main(["score", "--model", tiny_run_dir, "--src", str(src), "--tgt", str(tgt)])
+    tgt.write_text("\n".join(targets) + "\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="score: --batch-size must be at least 1, got 0"):
+        cli.main(["score", "--model", tiny_run_dir, "--src", str(src), "--tgt", str(tgt), "--batch-size", "0"])

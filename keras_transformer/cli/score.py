@@ -31,6 +31,8 @@ def run(args):
     sources, targets = read_lines(args.src, "score"), read_lines(args.tgt, "score")
     if len(sources) != len(targets):
         raise SystemExit(f"score: {args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}.")
+    if args.batch_size < 1:  # checked before the model loads
+        raise SystemExit(f"score: --batch-size must be at least 1, got {args.batch_size}.")
     translator = load_run_translator(args, "score", checkpoint=args.checkpoint)
     for score in score_pairs(translator, sources, targets, batch_size=args.batch_size, normalize=args.normalize):
         sys.stdout.write(f"{score:.6f}\n")

@@ -50,11 +50,14 @@ def score_pairs(translator, sources, targets, batch_size=64, normalize=False):
     """log P(target | source) of each pair (a list of float), or per token with `normalize`.
 
     Raises:
-        ValueError: if `sources` and `targets` differ in length.
+        ValueError: if `sources` and `targets` differ in length, or
+            `batch_size` is not a positive integer.
     """
     sources, targets = list(sources), list(targets)
     if len(sources) != len(targets):
         raise ValueError(f"score_pairs: {len(sources)} sources but {len(targets)} targets.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size!r}.")
     scorer = _SCORERS.get(translator)
     if scorer is None:
         scorer = _SCORERS[translator] = PairScorer(translator)
