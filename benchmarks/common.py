@@ -211,7 +211,12 @@ def json_from_process(command, label, env=None):
 
 
 def run_alternating(systems: List[System], repeats: int) -> List[Result]:
-    """Sets up every system, then times `repeats` rounds of alternating runs."""
+    """Sets up every system, then times `repeats` rounds of alternating runs.
+
+    Each round starts one system later than the one before (A B C, B C A,
+    C A B, ...), so no system always runs first, or always right after the
+    same other system, on a machine whose speed drifts.
+    """
     results, runners = [], []
     for system in systems:
         result = Result(system.name, system.baseline, dict(system.info))
@@ -236,7 +241,8 @@ def run_alternating(systems: List[System], repeats: int) -> List[Result]:
         runners.append(runner)
 
     for round_index in range(repeats):
-        for result, runner in zip(results, runners):
+        shift = round_index % max(len(systems), 1)
+        for result, runner in (list(zip(results, runners))[shift:] + list(zip(results, runners))[:shift]):
             if runner is None:
                 continue
             gc.collect()
@@ -351,10 +357,25 @@ def command_line(argv=None, environ=None):
     return " ".join(settings + ["python", script] + [shlex.quote(a) for a in argv[1:]])
 
 
+def code_version(root=None):
+    """The commit the run measured, with "+dirty" when tracked files differ from it; None outside git."""
+    root = ROOT if root is None else root
+    try:
+        git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                                           check=True, timeout=30).stdout.strip()
+        commit = git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if changed else "")
+
+
 def provenance():
-    """How a results file was made: the command line, the date, the CPU flags and the load when it was written."""
+    """How a results file was made: the command line, the code's commit, the date, the CPU flags and the load when
+    it was written."""
     return {
         "command": command_line(),
+        "commit": code_version(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "cpu_flags": cpu_flags(),
         "load_average_at_write": load_average(),

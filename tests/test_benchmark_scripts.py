@@ -215,8 +215,11 @@ def test_results_folder_without_cpuinfo_is_avx2(tmp_path):
 
 def test_matmul_bound_runs_each_variant_in_a_process_with_its_xla_flags(tmp_path, monkeypatch):
     calls = []
+    real_run = subprocess.run
 
-    def fake_run(command, env, capture_output, text):
+    def fake_run(command, env=None, capture_output=False, text=False, **kwargs):
+        if "--worker" not in command:  # git, for the results file's commit
+            return real_run(command, env=env, capture_output=capture_output, text=text, **kwargs)
         variant = command[command.index("--worker") + 1]
         calls.append((variant, env["XLA_FLAGS"], command))
         ms = {"graph bfloat16": 2.0, "graph float32": 4.0}.get(variant, 8.0 if "float32" in variant else 5.0)
@@ -272,3 +275,34 @@ def test_matmul_bound_failing_worker_says_which_variant(monkeypatch):
         command, 1, stdout="", stderr="Unknown flag --xla_cpu_foo"))
     with pytest.raises(RuntimeError, match="XLA bfloat16 failed .exit 1.:\n.*Unknown flag"):
         decode_matmul_bound.run_variant("XLA bfloat16", [])
+
+
+def test_rounds_rotate_which_system_runs_first():
+    """A B C, then B C A, then C A B: no system always runs first or always follows the same one."""
+    import common
+
+    calls = []
+
+    def system(name):
+        return common.System(name, lambda: (lambda: calls.append(name) or {"sentences": 1.0}))
+
+    results = common.run_alternating([system("A"), system("B"), system("C")], repeats=4)
+    assert calls == list("ABC" "BCA" "CAB" "ABC")
+    assert [len(r.seconds) for r in results] == [4, 4, 4] and [r.name for r in results] == ["A", "B", "C"]
+
+
+def test_results_record_the_commit_they_measured(tmp_path):
+    import common
+
+    assert common.code_version(str(tmp_path)) is None  # not a git checkout
+    git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True)
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    commit = git("rev-parse", "HEAD").stdout.strip()
+    (tmp_path / "untracked.txt").write_text("not code\n")
+    assert common.code_version(str(tmp_path)) == commit
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert common.code_version(str(tmp_path)) == commit + "+dirty"
+    assert common.provenance()["commit"] == common.code_version()
