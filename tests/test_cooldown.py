@@ -72,3 +72,33 @@ def test_time_budgeted_run_cools_down_to_its_last_step(tmp_path, spm500, monkeyp
     assert config["training"]["cooldown"] == 0.5
     with pytest.raises(ValueError, match="cooldown"):
         training.train(training.TrainingArgs(output=str(run_dir), **dict(options, cooldown=0.2)))
+
+
+def test_the_compiled_train_step_reads_the_factor_set_between_steps():
+    """The updates `fit` applies follow the factor: at 0 a step leaves the weights as they were, at 1 it
+    moves them, and the same compiled train function serves both (LinearCooldown sets the factor between
+    steps of one `fit`). A schedule that read the factor only when called eagerly would log the cooled
+    rate (the learning_rate column of steps.csv) and still apply the full one."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    optimizer = create_optimizer(32, warmup_steps=4, cooldown=True)
+    model.compile(optimizer=optimizer, loss="mse")
+    schedule = optimizer._learning_rate
+    assert isinstance(schedule, Cooldown)
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(8, 3)).astype("float32")
+
+    def one_step():
+        before = [w.copy() for w in model.get_weights()]
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        return max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), before))
+
+    assert one_step() > 0  # factor 1: the compiled function is traced here
+    train_function = model.train_function
+    schedule.factor.assign(0.0)
+    assert one_step() == 0.0
+    schedule.factor.assign(1.0)
+    assert one_step() > 0
+    schedule.factor.assign(0.0)
+    assert one_step() == 0.0
+    assert model.train_function is train_function  # no retracing: the factor is a variable the graph reads

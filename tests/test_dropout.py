@@ -113,12 +113,79 @@ def test_config_round_trip_and_serialization():
     assert type(clone) is Dropout and clone.rate == 0.2 and clone.seed == 4
 
 
-def test_every_dropout_of_the_model_is_exact():
-    config = TransformerConfig(vocab_size=50, num_layers=1, d_model=16, num_heads=2, d_ff=32,
-                               attention_dropout=0.1)
-    model = Transformer(config)
+# P_drop and the attention-weight rate differ, and neither is 0: a dropout given the other's rate shows.
+_MODEL_CONFIG = TransformerConfig(vocab_size=50, num_layers=1, d_model=16, num_heads=2, d_ff=32,
+                                  dropout=0.3, attention_dropout=0.1)
+
+
+def _dropouts_and_their_rates(model, config):
+    """`{id: (layer, rate)}` for every dropout of the model, with the rate its config gives it:
+    P_drop on the sums of embeddings and positions and on every sublayer output (§5.4), the
+    attention dropout on the attention weights."""
+    from keras_transformer.layers.attention import MultiHeadAttention
+    from keras_transformer.layers.sublayer import SublayerConnection
+
+    layers = list(model._flatten_layers())
+    residuals = [layer.residual_dropout for layer in layers if isinstance(layer, SublayerConnection)]
+    attentions = [layer.dropout_layer for layer in layers if isinstance(layer, MultiHeadAttention)]
+    # encoder: 2 residuals, 1 attention; decoder: 3 residuals, 2 attentions
+    assert (len(residuals), len(attentions)) == (2 + 3, 1 + 2)
+    expected = [(model.source_dropout, config.dropout), (model.target_dropout, config.dropout)]
+    expected += [(layer, config.dropout) for layer in residuals]
+    expected += [(layer, config.attention_dropout) for layer in attentions]
+    return {id(layer): (layer, rate) for layer, rate in expected}
+
+
+def test_every_dropout_of_the_model_is_exact_and_has_the_rate_of_its_config():
+    """Every dropout of the model is ours, and has the rate of the config it was built from:
+    P_drop (§5.4) for the embedding sums and the residuals, attention_dropout for the weights."""
+    model = Transformer(_MODEL_CONFIG)
     model((np.ones((1, 3), "int32"), np.ones((1, 3), "int32")))
     dropouts = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.Dropout)]
     # the 2 embedding sums; encoder: attention weights, 2 residuals; decoder: 2 attentions' weights, 3 residuals
     assert len(dropouts) == 2 + 3 + 5
     assert all(type(layer) is Dropout for layer in dropouts)
+    expected = _dropouts_and_their_rates(model, _MODEL_CONFIG)
+    assert set(expected) == {id(layer) for layer in dropouts}
+    assert {layer.name: layer.rate for layer, _ in expected.values()} == {
+        layer.name: rate for layer, rate in expected.values()}
+
+
+def test_every_dropout_of_the_model_drops_its_rate_in_training_and_nothing_at_inference(monkeypatch):
+    """The wiring: a model call with training=True reaches every dropout with training on, and
+    each drops the share its config gives it (the residual dropouts too, which no other output
+    would show with the embedding dropouts random); training=False drops nothing, and is
+    deterministic where training=True is not."""
+    calls = []  # (layer, inputs, outputs) of every dropout call
+    original = Dropout.call
+
+    def recording_call(self, inputs, training=False):
+        outputs = original(self, inputs, training=training)
+        calls.append((self, np.asarray(tf.cast(inputs, tf.float32)), np.asarray(tf.cast(outputs, tf.float32))))
+        return outputs
+
+    monkeypatch.setattr(Dropout, "call", recording_call)
+    model = Transformer(_MODEL_CONFIG)
+    expected = _dropouts_and_their_rates(model, _MODEL_CONFIG)
+    rng = np.random.default_rng(0)
+    # 64 x 24 tokens: 24576 values per embedding or residual dropout, the dropped share's sd 0.003 at 0.3
+    inputs = tuple(rng.integers(4, _MODEL_CONFIG.vocab_size, (64, 24)).astype("int32") for _ in range(2))
+
+    calls.clear()
+    first = np.asarray(model(inputs, training=True))
+    assert {id(layer) for layer, _, _ in calls} == set(expected) and len(calls) == len(expected)
+    for layer, x, y in calls:
+        rate = expected[id(layer)][1]
+        live = x != 0  # the attention weights of masked positions are 0 already
+        share = float(np.mean(y[live] == 0))
+        assert share == pytest.approx(rate, abs=4 * np.sqrt(rate * (1 - rate) / live.sum())), layer.name
+        np.testing.assert_allclose(y[live & (y != 0)], x[live & (y != 0)] / (1 - rate), rtol=1e-3)
+
+    calls.clear()
+    inference = np.asarray(model(inputs, training=False))
+    assert len(calls) == len(expected)
+    for layer, x, y in calls:
+        np.testing.assert_array_equal(y, x, err_msg=layer.name)
+    np.testing.assert_array_equal(np.asarray(model(inputs, training=False)), inference)
+    second = np.asarray(model(inputs, training=True))
+    assert not np.allclose(first, second) and not np.allclose(first, inference)

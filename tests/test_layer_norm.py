@@ -46,11 +46,23 @@ def test_outputs_and_all_gradients_equal_keras_layer_norm():
 
 
 def test_mixed_bfloat16_computes_in_float32_and_returns_bfloat16():
+    """bf16 inputs are normalized with float32 statistics, and the output is bf16.
+
+    Rows of 64 + 0.5 k (k in 0..15) are exact in bf16 (its spacing in [64, 128) is 0.5), but a row's bf16 sum
+    (about 2,300, where the spacing is 16) and so its mean and variance are not: statistics in bf16 are off
+    by ~0.17 in the output, float32 ones by at most bf16's rounding of the output (< 0.4%).
+    """
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((3, 4, 32)).astype("float32")
-    upstream = rng.standard_normal(x.shape).astype("float32")
-    ours, reference = _pair(x.shape, dtype="mixed_bfloat16")
+    values = (64.0 + 0.5 * rng.integers(0, 16, (3, 4, 32))).astype("float32")
+    x = tf.constant(values, tf.bfloat16)
+    assert np.array_equal(np.asarray(tf.cast(x, tf.float32)), values)  # the inputs themselves lose nothing
+    upstream = rng.standard_normal(values.shape).astype("float32")
+    ours, reference = _pair(values.shape, dtype="mixed_bfloat16")
     assert ours(x).dtype == "bfloat16" and ours.gamma.dtype == "float32"
+    centered = values - values.mean(axis=-1, keepdims=True)
+    float32_layer_norm = (centered / np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + 1e-6)
+                          * np.asarray(ours.gamma) + np.asarray(ours.beta))
+    np.testing.assert_allclose(np.asarray(tf.cast(ours(x), tf.float32)), float32_layer_norm, rtol=1e-2, atol=1e-2)
     for got, want, name in zip(_value_and_gradients(ours, x, upstream),
                                _value_and_gradients(reference, x, upstream), ["y", "dx", "dgamma", "dbeta"]):
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2, err_msg=name)

@@ -94,20 +94,24 @@ def test_cross_attention_with_different_value_dim_and_padding():
 
 
 def test_attention_scaled_by_inverse_sqrt_key_dim():
-    # With one head, identity-like projections and two keys, the softmax
-    # logits must be q.k / sqrt(d_k).
-    layer = MultiHeadAttention(num_heads=1, key_dim=4)
-    x = np.zeros((1, 2, 4), "float32")
-    x[0, 0, 0] = 2.0
-    x[0, 1, 1] = 3.0
-    layer.build((1, 2, 4))
-    eye = np.eye(4, dtype="float32")
-    for kernel in (layer.query_kernel, layer.key_kernel, layer.value_kernel, layer.output_kernel):
-        kernel.assign(eye)
+    """The softmax logits are q.k / sqrt(d_k), d_k one head's key width: not sqrt(h * d_k), nor sqrt(d_model)."""
+    # Two heads of d_k = 2 on d_model = 8, so 1/sqrt(d_k), 1/sqrt(h * d_k) and 1/sqrt(d_model) all differ.
+    # W^Q and W^K pass features 0-1 to head 0 and features 2-3 to head 1; two keys.
+    num_heads, key_dim, d_model = 2, 2, 8
+    layer = MultiHeadAttention(num_heads=num_heads, key_dim=key_dim)
+    x = np.zeros((1, 2, d_model), "float32")
+    x[0, 0, [0, 2]] = [2.0, 1.0]
+    x[0, 1, [1, 3]] = [3.0, 2.0]
+    layer.build((1, 2, d_model))
+    feature_selection = np.eye(d_model, num_heads * key_dim, dtype="float32")
+    for kernel in (layer.query_kernel, layer.key_kernel, layer.value_kernel):
+        kernel.assign(feature_selection)
+    layer.output_kernel.assign(feature_selection.T)
     _, weights = layer(x, return_attention_scores=True)
-    logits = np.array([4.0, 0.0]) / 2.0  # query 0: q.k0 = 4, q.k1 = 0; sqrt(4) = 2
-    expected = np.exp(logits) / np.exp(logits).sum()
-    np.testing.assert_allclose(np.asarray(weights)[0, 0, 0], expected, atol=1e-6)
+    # Query 0: head 0 q.k0 = 4, q.k1 = 0; head 1 q.k0 = 1, q.k1 = 0; sqrt(d_k) = sqrt(2).
+    logits = np.array([[4.0, 0.0], [1.0, 0.0]]) / math.sqrt(key_dim)
+    expected = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(weights)[0, :, 0], expected, atol=1e-6)  # [B, N, T, S]: both heads
 
 
 def test_self_attention_cache_equals_full_pass():

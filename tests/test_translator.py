@@ -243,3 +243,25 @@ def test_score_is_log_p_over_length_penalty_for_every_beam_size(tokenizer, beam_
         expected = model.log_prob(source_length, tokens) / ((5 + len(tokens)) / 6) ** alpha
         np.testing.assert_allclose(scores[row], expected, rtol=1e-5, err_msg=f"sentence {row}: {tokens}")
     assert ended >= 2  # |Y| counts the end token: outputs that have one are checked
+
+
+def test_translator_searches_with_its_early_stopping_rule(tokenizer):
+    """early_stopping reaches the search: "k_finished" and "exact" each give what `beam_search` gives with
+    that rule, and on these sentences the two rules disagree (k_finished ends a sentence while an alive
+    hypothesis could still win; a strong length penalty makes that common). The export records the
+    rule and builds its graph from a Translator with it (test_export.py)."""
+    from keras_transformer.decoding import beam_search
+
+    model = ScriptedTranslationModel(tokenizer.vocab_size, seed=0)
+    sentences = read_lines("val", "en")[:40]
+    outputs = {}
+    for rule in ("exact", "k_finished"):
+        translator = Translator(model, tokenizer, beam_size=3, alpha=2.0, max_extra_length=6, early_stopping=rule)
+        _, scores = run(translator, sentences)
+        source_ids = translator.source_ids(tf.constant(sentences))
+        _, expected = beam_search(model, source_ids, beam_size=3, alpha=2.0, max_extra_length=6, early_stopping=rule)
+        np.testing.assert_allclose(scores, expected.numpy(), rtol=1e-6, err_msg=rule)
+        outputs[rule] = scores
+    differ = np.abs(outputs["exact"] - outputs["k_finished"]) > 1e-6
+    assert differ.any()
+    assert np.all(outputs["exact"][differ] > outputs["k_finished"][differ])  # the exact search finds better ones

@@ -51,7 +51,16 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
-def test_validation_bleu_is_logged_and_the_best_weights_kept(corpus, tmp_path, capsys):
+def test_validation_bleu_is_logged_and_the_best_weights_kept(corpus, tmp_path, capsys, monkeypatch):
+    """The validator translates greedily (its default search) with the weights of the step, and logs
+    the BLEU of those translations; the best weights are kept apart."""
+    scored = []  # the validator's hypotheses and references, one pair per validation
+
+    def recording_scores(hypotheses, references, lang="de"):
+        scored.append((list(hypotheses), list(references)))
+        return corpus_scores(hypotheses, references, lang=lang)
+
+    monkeypatch.setattr("keras_transformer.inference.evaluation.corpus_scores", recording_scores)
     run_dir = tmp_path / "run"
     result = training.train(tiny_args(corpus, run_dir, keep_best=True))
     out = capsys.readouterr().out
@@ -59,11 +68,15 @@ def test_validation_bleu_is_logged_and_the_best_weights_kept(corpus, tmp_path, c
     assert [int(r["step"]) for r in rows] == [2, 4, 6]
     assert "step 6: validation BLEU" in out
 
-    # The BLEU of step 6 is that of the step-6 weights translating the validation split greedily.
+    # The BLEU of step 6 is that of the step-6 weights translating the validation split greedily:
+    # the validator's own translations are those of a greedy decode of the step-6 checkpoint, string
+    # for string (the BLEU alone, ~0 after 6 steps, would not tell greedy from beam search).
     sources = corpora.read_lines("val", "en")[:VAL_PAIRS]
     references = corpora.read_lines("val", "de")[:VAL_PAIRS]
     model, tokenizer = load_run(str(run_dir), checkpoint=str(run_dir / "checkpoints" / "ckpt-00000006.weights.h5"))
     hypotheses = Translator(model, tokenizer, beam_size=1).translate(sources)
+    assert len(scored) == 3
+    assert scored[-1] == (hypotheses, references)
     assert float(rows[-1]["bleu"]) == pytest.approx(corpus_scores(hypotheses, references)["bleu"], abs=1e-3)
     assert result.val_bleu[0] == 6 and result.val_bleu[1] == pytest.approx(float(rows[-1]["bleu"]), abs=1e-3)
 
