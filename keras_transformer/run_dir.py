@@ -121,38 +121,51 @@ def build_model(config, dtype=None):
     return model
 
 
+def weights_file(run_dir, checkpoint=None):
+    """The file `load_run(run_dir, checkpoint)` takes the weights from: `model.keras` or a checkpoint's path.
+
+    Raises:
+        FileNotFoundError: the run has neither, or `checkpoint` does not exist.
+    """
+    final = os.path.join(run_dir, MODEL_FILENAME)
+    if checkpoint is None and os.path.exists(final):
+        return final
+    if checkpoint in (None, "latest"):
+        checkpoints = list_checkpoints(run_dir)
+        if not checkpoints:
+            raise FileNotFoundError(f"{run_dir} has neither {MODEL_FILENAME} nor checkpoints.")
+        return checkpoints[-1][1]
+    if not os.path.exists(checkpoint):
+        raise FileNotFoundError(f"Checkpoint {checkpoint} does not exist.")
+    return checkpoint
+
+
 def load_run(run_dir, checkpoint=None, dtype=None):
     """The model and tokenizer of a run directory: `(Transformer, Tokenizer)`.
 
     Loads `model.keras` when the run has finished; otherwise (or with
-    `checkpoint`, a path or "latest") the config and a checkpoint's weights.
-    `dtype`: a dtype policy for the returned model ("float32",
-    "mixed_bfloat16", ...); default: `model.keras`'s own (the training
-    precision), float32 for a checkpoint.
+    `checkpoint`, a path or "latest") the config and a checkpoint's weights
+    (`weights_file`). `dtype`: a dtype policy for the returned model
+    ("float32", "mixed_bfloat16", ...); default: `model.keras`'s own (the
+    training precision), float32 for a checkpoint.
     """
     import keras
 
     from keras_transformer.data.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(os.path.join(run_dir, TOKENIZER_FILENAME))
-    final = os.path.join(run_dir, MODEL_FILENAME)
-    if checkpoint is None and os.path.exists(final):
+    path = weights_file(run_dir, checkpoint)
+    if path == os.path.join(run_dir, MODEL_FILENAME):
         # compile=False then compile(): compile_from_config would build the optimizer,
         # allocating Adam's moments that a model loaded to translate or evaluate never uses.
-        model = keras.saving.load_model(final, compile=False)
+        model = keras.saving.load_model(path, compile=False)
         if dtype is not None and keras.dtype_policies.get(dtype).name != model.dtype_policy.name:
             weights = model.get_weights()
             model = build_model(model.config, dtype=dtype)
             model.set_weights(weights)
         model.compile()
         return model, tokenizer
-    checkpoints = list_checkpoints(run_dir)
-    if checkpoint in (None, "latest"):
-        if not checkpoints:
-            raise FileNotFoundError(f"{run_dir} has neither {MODEL_FILENAME} nor checkpoints.")
-        checkpoint = checkpoints[-1][1]
-    elif not os.path.exists(checkpoint):
-        raise FileNotFoundError(f"Checkpoint {checkpoint} does not exist.")
+    checkpoint = path
     model = build_model(model_config_of_run(run_dir), dtype=dtype or "float32")
     model.load_weights(checkpoint)
     model.compile()

@@ -94,6 +94,19 @@ def test_missing_model_is_a_clear_error(tmp_path):
         cli.main(["score", "--model", str(tmp_path), "--src", str(src), "--tgt", str(src)])
 
 
+def test_average_checkpoints_errors_are_one_line(tiny_run_dir, tmp_path):
+    """--last 0 (checked before anything is read: a missing run would be the error otherwise) and a run
+    without checkpoints were tracebacks. The averaging itself: tests/test_training.py."""
+    for last in ("0", "-2"):
+        with pytest.raises(SystemExit, match=f"^average-checkpoints: --last must be at least 1, got {last}.$"):
+            cli.main(["average-checkpoints", str(tmp_path / "nope"), "--last", last])
+    checkpoints = os.path.join(tiny_run_dir, "checkpoints")
+    assert not os.path.exists(checkpoints)  # model.keras only
+    with pytest.raises(SystemExit, match=f"^average-checkpoints: no checkpoints in {checkpoints}.$"):
+        cli.main(["average-checkpoints", tiny_run_dir, "--last", "2", "--output", str(tmp_path / "avg.keras")])
+    assert not (tmp_path / "avg.keras").exists()
+
+
 def test_evaluate_refuses_empty_files_before_loading_the_model(tmp_path):
     src, ref = tmp_path / "src.en", tmp_path / "ref.de"
     src.write_text("", encoding="utf-8")
@@ -225,6 +238,54 @@ def test_attention_command_draws_the_sentence_tokens(tiny_run_dir, capsys, tmp_p
 def test_attention_refuses_a_bad_layer(tiny_run_dir):
     with pytest.raises(SystemExit, match="out of range"):
         cli.main(["attention", "--model", tiny_run_dir, "--layer", "7", "x"])
+
+
+def test_attention_figure_is_bounded_for_long_inputs(tmp_path, monkeypatch):
+    """0.28 inches a token and head made 16 heads x 220 tokens a 98,560 x 18,580-pixel figure (7 GB;
+    older matplotlib refuses more than 2^16 pixels a side): the figure is capped, cells shrink, and only
+    every k-th token is labelled once labels would be unreadable."""
+    import struct
+
+    from keras_transformer.inference import attention_maps
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure=None: figures.append(figure))
+    heads, source, target = 16, 220, 230
+    rng = np.random.default_rng(0)
+    weights = {
+        "source_tokens": [f"s{i}" for i in range(source)], "target_tokens": [f"t{i}" for i in range(target)],
+        "output_tokens": [f"t{i}" for i in range(1, target)] + ["</s>"],
+        "encoder": rng.random((heads, source, source)), "decoder": rng.random((heads, target, target)),
+        "cross": rng.random((heads, target, source)),
+    }
+    output = tmp_path / "long.png"
+    attention_maps.plot_attention(weights, str(output))
+    png = output.read_bytes()
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
+    limit = attention_maps.MAX_FIGURE_INCHES * attention_maps.DPI
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and 0 < width <= limit and 0 < height <= limit
+    (figure,) = figures
+    assert len(figure.axes) == 3 * heads
+    labels = [label.get_text() for label in figure.axes[0].get_xticklabels()]
+    step = int(labels[1][1:])  # "s{k}"
+    assert step > 1 and labels == weights["source_tokens"][::step]
+    close(figure)
+
+
+def test_attention_on_a_blank_sentence_is_refused(tiny_run_dir):
+    """The translator translates a blank line to "" without the model (blank in, blank out); its
+    attention maps were those of a made-up translation of the end token alone."""
+    from keras_transformer.inference import attention_maps
+
+    translator = Translator.from_run_dir(tiny_run_dir, beam_size=1)
+    for blank in ("", "   ", "\t\u3000", "\ufeff "):
+        assert translator.translate([blank]) == [""]
+        with pytest.raises(ValueError, match="nothing to show: the sentence is blank"):
+            attention_maps.attention_weights(translator, blank)
+    assert attention_maps.attention_weights(translator, " A dog. ")["source_tokens"][-1] == "</s>"
+    with pytest.raises(SystemExit, match="^attention: nothing to show: the sentence is blank"):
+        cli.main(["attention", "--model", tiny_run_dir, " "])
 
 
 def test_attention_default_output_is_the_last_layer_in_the_run_dir(tiny_run_dir, capsys, tmp_path, monkeypatch):

@@ -169,3 +169,44 @@ def test_unsupported_activation_is_rejected():
     model = _model(activation="softplus")
     with pytest.raises(ValueError, match="activation"):
         transformer_spec(model)
+
+
+def test_export_refuses_a_directory_it_did_not_write(tmp_path):
+    """The converter deletes the directory it replaces: a run directory (checkpoints, config.json)
+    or a file is refused and left as it was, whatever `force` says."""
+    model = _model()
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "ckpt-100.weights.h5").write_bytes(b"weights")
+    (run_dir / "config.json").write_text("{}")
+    lone_file = tmp_path / "notes.txt"
+    lone_file.write_text("keep me")
+    for target in (run_dir, run_dir / "checkpoints", lone_file):
+        for force in (True, False):
+            with pytest.raises(FileExistsError, match=f"{target}.*(not a directory|neither empty nor)"):
+                export_ctranslate2(model, str(target), force=force)
+    assert (run_dir / "checkpoints" / "ckpt-100.weights.h5").read_bytes() == b"weights"
+    assert (run_dir / "config.json").read_text() == "{}" and lone_file.read_text() == "keep me"
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "config.json"]
+
+
+def test_export_replaces_an_empty_or_ctranslate2_directory(tmp_path):
+    """Re-running an export replaces the model it wrote (the default `force=True`); `force=False` refuses."""
+    path = tmp_path / "ct2"
+    path.mkdir()  # empty: used
+    first = _model()
+    export_ctranslate2(first, str(path))
+    with pytest.raises(FileExistsError, match="already holds a CTranslate2 model; pass force=True"):
+        export_ctranslate2(first, str(path), force=False)
+    rng = np.random.default_rng(6)  # a second model, other weights: it replaces the first
+    second = _model()
+    second.set_weights([rng.normal(size=w.shape).astype(w.dtype) for w in second.get_weights()])
+    export_ctranslate2(second, str(path))
+    vocab = default_vocabulary(VOCAB)
+    source, target = _sentences(7, [5])[0], _sentences(8, [4])[0]
+    result = ctranslate2.Translator(str(path), device="cpu", intra_threads=1).score_batch(
+        [[vocab[i] for i in source]], [[vocab[i] for i in target]])[0]
+    logits = second((np.array([source + [EOS]]), np.array([[BOS] + target])), training=False)
+    log_probs = tf.nn.log_softmax(logits[0]).numpy()
+    np.testing.assert_allclose(result.log_probs, [log_probs[j, t] for j, t in enumerate(target + [EOS])],
+                               atol=1e-3)

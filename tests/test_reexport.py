@@ -130,7 +130,7 @@ def test_cli_reexports_a_version_in_place(first_export, tmp_path):
 
 
 def test_recorded_n_best_reads_the_field_or_an_older_exports_output_shape():
-    from keras_transformer.inference.saved_model import _recorded_n_best
+    from keras_transformer.inference.export_dirs import recorded_n_best as _recorded_n_best
 
     outputs = {"translations": "tf.string [None, 3]", "scores": "float32 [None, 3]"}
     assert _recorded_n_best({"n_best_signature": {"n_best": 3, "outputs": outputs}}) == 3

@@ -93,7 +93,7 @@ def test_export_writes_requests_its_signature_answers_as_the_translator(tiny_run
 
 
 def test_a_failed_warmup_write_leaves_no_version(tiny_run_dir, tmp_path, monkeypatch):
-    def fail(version_dir, sentences):
+    def fail(version_dir, sentences, sizes):
         raise OSError("disk full")
 
     monkeypatch.setattr(serving_warmup, "write_warmup_requests", fail)
@@ -222,3 +222,17 @@ def test_cli_flags(tiny_run_dir, tmp_path):
         cli.main(common + ["--warmup-sentences", str(tmp_path / "missing.en")])
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
         cli.main(common + ["--warmup-sentences", str(sentences), "--no-warmup"])
+
+
+def test_requests_stay_within_the_model_s_request_limit(tiny_run_dir, tmp_path):
+    """TF Serving does not load a version whose warm-up requests fail: a model that takes at most 32
+    sentences per request gets the sizes 1 and 8 only, and answers each of them."""
+    assert serving_warmup.sizes_within(32) == [1, 8] and serving_warmup.sizes_within(1024) == [1, 8, 64, 256]
+    assert serving_warmup.sizes_within(4) == [1] and serving_warmup.sizes_within(1, sizes=(8, 64)) == [1]
+    translator = Translator.from_run_dir(tiny_run_dir, max_extra_length=EXTRA, max_batch_size=32)
+    export_dir = export_saved_model(translator, str(tmp_path / "limited"), warmup_sentences=["A dog runs."])
+    requests = read_warmup_requests(export_dir)
+    assert [len(sentences) for _, sentences in requests] == [1, 8]
+    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+    for _, sentences in requests:
+        assert signature(inputs=tf.constant(sentences))["translations"].shape == [len(sentences)]

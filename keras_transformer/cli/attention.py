@@ -18,7 +18,7 @@ def register(subparsers):
 
 
 def run(args):
-    from keras_transformer.inference.attention_maps import attention_weights, plot_attention
+    from keras_transformer.inference.attention_maps import attention_weights, is_blank, plot_attention
     from keras_transformer.inference.translator import is_saved_model
 
     if is_saved_model(args.model):
@@ -26,6 +26,8 @@ def run(args):
             f"attention: {args.model} is an exported SavedModel, which does not expose attention weights; "
             "give the training run directory."
         )
+    if is_blank(args.sentence):  # checked before the model loads
+        raise SystemExit("attention: nothing to show: the sentence is blank (it translates to an empty string).")
     translator = load_run_translator(args, "attention", beam_size=args.beam, alpha=args.alpha,
                                      max_extra_length=args.max_extra_length)
     num_layers = translator.model.config.num_layers

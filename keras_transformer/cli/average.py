@@ -17,9 +17,14 @@ def register(subparsers):
 
 
 def run(args):
+    if args.last < 1:  # checked before anything is read
+        raise SystemExit(f"average-checkpoints: --last must be at least 1, got {args.last}.")
     from keras_transformer.training.averaging import write_averaged_model
 
-    output, chosen = write_averaged_model(args.run_dir, args.last, args.output)
+    try:
+        output, chosen = write_averaged_model(args.run_dir, args.last, args.output)
+    except (FileNotFoundError, ValueError) as error:  # no checkpoints, no config.json, a config it refuses
+        raise SystemExit(f"average-checkpoints: {error}") from None
     print(f"Averaged {len(chosen)} checkpoints of {args.run_dir} into {output}:")
     for path in chosen:
         print(f"  {os.path.basename(path)}")

@@ -32,7 +32,7 @@ def register(subparsers):
                         help="export this checkpoint (path or 'latest') instead of the final model.keras")
     parser.add_argument("--n-best", type=int, default=None, metavar="N",
                         help="also export the signature translate_n_best: the N best translations and scores "
-                             "of each input, [B, N] (N <= --beam)")
+                             "of each input, [B, N] (N <= --beam; 0: none, also for an export that has one)")
     parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default=None,
                         help="the precision the exported graph computes in; auto (the default for a run): bfloat16 "
                              "where this machine computes it natively (a CPU with AVX512_BF16 or AMX-BF16, GPUs of "

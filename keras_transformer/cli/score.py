@@ -22,7 +22,7 @@ def register(subparsers):
 
 
 def run(args):
-    from keras_transformer.inference.scoring import score_pairs
+    from keras_transformer.inference.scoring import TargetTooLongError, score_pairs
     from keras_transformer.inference.translator import is_saved_model
 
     if is_saved_model(args.model):
@@ -34,6 +34,13 @@ def run(args):
     if args.batch_size < 1:  # checked before the model loads
         raise SystemExit(f"score: --batch-size must be at least 1, got {args.batch_size}.")
     translator = load_run_translator(args, "score", checkpoint=args.checkpoint)
-    for score in score_pairs(translator, sources, targets, batch_size=args.batch_size, normalize=args.normalize):
+    try:
+        scores = score_pairs(translator, sources, targets, batch_size=args.batch_size, normalize=args.normalize)
+    except TargetTooLongError as error:
+        raise SystemExit(f"score: {args.tgt} line {error.index + 1}: the target has {error.pieces} pieces, more "
+                         f"than the {error.max_pieces} the model's learned positions allow.") from None
+    except ValueError as error:
+        raise SystemExit(f"score: {error}") from None
+    for score in scores:
         sys.stdout.write(f"{score:.6f}\n")
     return 0

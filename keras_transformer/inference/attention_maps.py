@@ -6,12 +6,33 @@ sentence, reruns the model on the source and its translation with
 `return_attention_scores`, and draws one layer's heads of the encoder
 self-attention, the decoder self-attention and the encoder-decoder
 attention, with the subword tokens on the axes.
+
+A blank sentence has nothing to show (the translator translates it to ""
+without running the model): `attention_weights` refuses it. The figure is
+at most `MAX_FIGURE_INCHES` a side at `DPI`, whatever the input's length or
+the number of heads: longer inputs get smaller cells and fewer tick labels.
 """
+
+import math
 
 import numpy as np
 import tensorflow as tf
 
 from keras_transformer.special_ids import BOS_ID, PAD_ID
+
+# 4000 x 4000 pixels at most (64 MB as RGBA). Uncapped, 0.28 inches a token and head made
+# 16 heads x 220 tokens a 98,560 x 18,580-pixel figure: 7 GB, or matplotlib's size error.
+MAX_FIGURE_INCHES = 40.0
+DPI = 100
+# Tick labels get smaller down to this size, then only every k-th token is labelled.
+_SMALLEST_FONT = 4.0
+
+
+def is_blank(sentence):
+    """True if `sentence` is empty once normalized as `Translator` normalizes it (whitespace, a BOM)."""
+    from keras_transformer.inference.translator import Translator
+
+    return int(tf.strings.length(Translator.normalized(tf.constant([sentence])))[0]) == 0
 
 
 def attention_weights(translator, sentence, layer=-1):
@@ -20,7 +41,13 @@ def attention_weights(translator, sentence, layer=-1):
     Returns a dict with `source_tokens`, `target_tokens` (decoder inputs:
     start token, then the translation), and `[heads, rows, cols]` arrays
     `encoder`, `decoder`, `cross`.
+
+    Raises:
+        ValueError: `sentence` is blank (`is_blank`): it translates to ""
+            without the model, so there are no weights to show.
     """
+    if is_blank(sentence):
+        raise ValueError("nothing to show: the sentence is blank (it translates to an empty string).")
     model, tokenizer = translator.model, translator.tokenizer
     source_ids = translator.source_ids(tf.constant([sentence]))
     output_ids, _ = translator.search(source_ids)
@@ -40,8 +67,28 @@ def attention_weights(translator, sentence, layer=-1):
     }
 
 
+def _cell_inches(heads, tokens):
+    """Side of one heatmap: 0.28 inches a token (2.5 at least), shrunk so 3 x `heads` of them fit the cap."""
+    return min(max(2.5, 0.28 * tokens), MAX_FIGURE_INCHES / heads, (MAX_FIGURE_INCHES - 1) / 3)
+
+
+def _tick_labels(tokens, cell):
+    """`(positions, labels, fontsize)`: every token while labels of `_SMALLEST_FONT` points fit, else every k-th."""
+    points_per_token = 72 * cell * 0.7 / max(len(tokens), 1)  # the labels themselves take ~30% of the cell
+    step = max(1, math.ceil(_SMALLEST_FONT / points_per_token))
+    positions = range(0, len(tokens), step)
+    return positions, [tokens[i] for i in positions], min(7.0, max(_SMALLEST_FONT, points_per_token))
+
+
+def _title(text, width_inches, fontsize=9):
+    """`text` cut to one line of the figure's width (about 0.6 em a character)."""
+    fits = max(10, int(width_inches * 72 / (0.6 * fontsize)))
+    return text if len(text) <= fits else text[: fits - 1] + "\u2026"
+
+
 def plot_attention(weights, path, layer_label="last layer"):
-    """Draws a 3 x h grid of heatmaps (rows: encoder, decoder, cross) into `path` (PNG)."""
+    """Draws a 3 x h grid of heatmaps (rows: encoder, decoder, cross) into `path` (PNG), at most
+    `MAX_FIGURE_INCHES` x `MAX_FIGURE_INCHES` at `DPI`."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
@@ -53,18 +100,22 @@ def plot_attention(weights, path, layer_label="last layer"):
         ("decoder self-attention", weights["decoder"], weights["target_tokens"], weights["target_tokens"]),
         ("encoder-decoder attention", weights["cross"], weights["target_tokens"], weights["source_tokens"]),
     ]
-    size = max(len(weights["source_tokens"]), len(weights["target_tokens"]))
-    cell = max(2.5, 0.28 * size)
-    figure, axes = plt.subplots(3, heads, figsize=(cell * heads, cell * 3 + 1), squeeze=False)
+    cell = _cell_inches(heads, max(len(weights["source_tokens"]), len(weights["target_tokens"])))
+    height = cell * 3 + 1
+    figure, axes = plt.subplots(3, heads, figsize=(cell * heads, height), squeeze=False)
     for r, (title, matrix, y_tokens, x_tokens) in enumerate(rows):
+        x_positions, x_labels, x_font = _tick_labels(x_tokens, cell)
+        y_positions, y_labels, y_font = _tick_labels(y_tokens, cell)
         for h in range(heads):
             axis = axes[r][h]
             axis.imshow(matrix[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-            axis.set_xticks(range(len(x_tokens)), x_tokens, rotation=90, fontsize=7)
-            axis.set_yticks(range(len(y_tokens)), y_tokens, fontsize=7)
+            axis.set_xticks(x_positions, x_labels, rotation=90, fontsize=x_font)
+            axis.set_yticks(y_positions, y_labels, fontsize=y_font)
             axis.set_title(f"{title}, head {h + 1}", fontsize=8)
-    figure.suptitle(f"Attention weights, {layer_label}: " + " ".join(weights["output_tokens"]), fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    title = f"Attention weights, {layer_label}: " + " ".join(weights["output_tokens"])
+    figure.suptitle(_title(title, cell * heads), fontsize=9, y=1 - 0.1 / height, va="top")
+    # The top 0.4 inches stay the title's: tight_layout alone let tall figures' heads cover it.
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.4 / height))
+    figure.savefig(path, dpi=DPI)
     plt.close(figure)
     return path

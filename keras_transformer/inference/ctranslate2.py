@@ -248,6 +248,36 @@ def transformer_spec(model, vocabulary=None, tokenizer=None, max_positions=1024,
     return spec
 
 
+# What a CTranslate2 model directory holds: model.bin and config.json, and the files beside them.
+_MODEL_FILES = {"model.bin", "config.json"}
+_OTHER_MODEL_FILES = {"shared_vocabulary.json", "source_vocabulary.json", "target_vocabulary.json",
+                      "shared_vocabulary.txt", "source_vocabulary.txt", "target_vocabulary.txt",
+                      "vocabulary.json", "vocabulary.txt", "vmap.txt", "sentencepiece.model"}
+
+
+def _check_replaceable(output_dir, force):
+    """Raises FileExistsError unless `output_dir` is absent, empty, or (with `force`) a CTranslate2 model."""
+    if not os.path.lexists(output_dir):
+        return
+    if os.path.islink(output_dir) or not os.path.isdir(output_dir):
+        raise FileExistsError(f"export_ctranslate2: {output_dir} exists and is not a directory (a file or a "
+                              "symbolic link); give a new or empty directory.")
+    entries = sorted(os.listdir(output_dir))
+    if not entries:
+        return
+    foreign = [e for e in entries
+               if e not in _MODEL_FILES | _OTHER_MODEL_FILES or not os.path.isfile(os.path.join(output_dir, e))]
+    if foreign or not _MODEL_FILES <= set(entries):
+        shown = foreign or entries
+        listed = ", ".join(shown[:3]) + (", ..." if len(shown) > 3 else "")
+        raise FileExistsError(f"export_ctranslate2: {output_dir} is neither empty nor a CTranslate2 model "
+                              f"directory (it holds {listed}); refusing to replace it. Give a new or empty "
+                              "directory.")
+    if not force:
+        raise FileExistsError(f"export_ctranslate2: {output_dir} already holds a CTranslate2 model; "
+                              "pass force=True to replace it.")
+
+
 def export_ctranslate2(
     model,
     output_dir,
@@ -263,7 +293,9 @@ def export_ctranslate2(
     Args:
         model: a built `keras_transformer.Transformer` (any dtype policy: the
             float32 variables are exported).
-        output_dir: directory to create (replaced if it exists and `force`).
+        output_dir: directory to create. If it exists it must be empty or
+            a CTranslate2 model directory (see `force`); anything else in it
+            is refused, so an export never deletes a run's checkpoints.
         quantization: None (float32) or a CTranslate2 weight type: "int8",
             "int8_float32", "int8_float16", "int8_bfloat16", "int16",
             "float16", "bfloat16", "float32". The compute type can still be
@@ -271,7 +303,8 @@ def export_ctranslate2(
         vocabulary, tokenizer, max_positions, add_source_eos: see
             `transformer_spec`. With a tokenizer, its SentencePiece model is
             also written to `output_dir/sentencepiece.model`.
-        force: overwrite an existing `output_dir`.
+        force: replace an existing CTranslate2 model directory (True by
+            default, so re-running an export updates it).
 
     Returns:
         `output_dir`.
@@ -280,9 +313,12 @@ def export_ctranslate2(
         ImportError: ctranslate2 is not installed.
         ValueError: the model uses something CTranslate2 cannot express, or
             the vocabulary does not fit.
-        RuntimeError: `output_dir` exists and `force` is False.
+        FileExistsError: `output_dir` exists and is neither empty nor a
+            CTranslate2 model directory, or is one and `force` is False.
     """
     ctranslate2 = _require_ctranslate2()
+    output_dir = os.fspath(output_dir)
+    _check_replaceable(output_dir, force)  # before any work: the converter deletes what it replaces
     spec = transformer_spec(
         model, vocabulary=vocabulary, tokenizer=tokenizer, max_positions=max_positions,
         add_source_eos=add_source_eos,
@@ -294,8 +330,7 @@ def export_ctranslate2(
         def _load(self):
             return spec
 
-    output_dir = os.fspath(output_dir)
-    _SpecConverter().convert(output_dir, quantization=quantization, force=force)
+    _SpecConverter().convert(output_dir, quantization=quantization, force=True)
     if tokenizer is not None:
         tokenizer.save(os.path.join(output_dir, "sentencepiece.model"))
     return output_dir

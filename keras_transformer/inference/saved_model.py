@@ -33,9 +33,12 @@ it serves the highest numbered version)::
         2/ ...
 
 Each export writes a new version (highest existing + 1, starting at 1)
-unless `version` is given. The version is written under a temporary name and
-renamed into place when complete, so a running server never loads a
-half-written model.
+unless `version` is given. The version is written under a temporary name
+(`.tmp-<version>-<id>`, which TF Serving ignores) and moved into place when
+complete, so a running server never loads a half-written model: renamed on a
+local disk, copied with `saved_model.pb` last on a remote file system
+(`gs://`, `s3://`, ...), where directories cannot be renamed. A failed export
+leaves nothing behind.
 
 Only ops that the stock `tensorflow/serving` binary registers are used: core
 TensorFlow plus tensorflow-text's SentencePiece ops (TF Serving links
@@ -54,7 +57,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import tempfile
 import time
 import uuid
@@ -67,6 +69,15 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
+)
+from keras_transformer.inference.export_dirs import (
+    INFO_FILENAME,
+    is_export_dir,
+    list_versions,
+    next_version,
+    publish_version,
+    read_export_info,
+    recorded_n_best,
 )
 from keras_transformer.inference.precision import resolve_decoding_precision
 from keras_transformer.inference.serving_warmup import warmup_for_export
@@ -90,7 +101,6 @@ __all__ = [
 ]
 
 ASSET_FILENAME = "spm.model"
-INFO_FILENAME = "export.json"
 
 # Ops that run Python: a model server has no Python interpreter to run them.
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -133,23 +143,6 @@ def _tf_variable(variable):
     return value
 
 
-# Versions ----------------------------------------------------------------------------
-
-
-def list_versions(output_dir):
-    """Sorted integer versions of `output_dir` (its numbered subdirectories)."""
-    if not tf.io.gfile.isdir(output_dir):
-        return []
-    names = (name.rstrip("/") for name in tf.io.gfile.listdir(output_dir))
-    return sorted(int(name) for name in names if name.isdigit())
-
-
-def next_version(output_dir):
-    """1 for a new directory, else the highest existing version + 1."""
-    versions = list_versions(output_dir)
-    return versions[-1] + 1 if versions else 1
-
-
 # Graph checks -------------------------------------------------------------------------
 
 
@@ -177,31 +170,6 @@ def check_serving_ops(export_dir):
 
 
 # Export ---------------------------------------------------------------------------------
-
-
-def is_export_dir(path):
-    """Whether `path` is one exported version (`saved_model.pb` and `assets/export.json`), not a run directory."""
-    path = os.fspath(path)
-    return tf.io.gfile.exists(os.path.join(path, "saved_model.pb")) and tf.io.gfile.exists(
-        os.path.join(path, "assets", INFO_FILENAME))
-
-
-def read_export_info(export_dir):
-    """An exported version's `assets/export.json`, as a dict."""
-    with tf.io.gfile.GFile(os.path.join(os.fspath(export_dir), "assets", INFO_FILENAME)) as f:
-        return json.load(f)
-
-
-def _recorded_n_best(info):
-    """The N of an export's "translate_n_best" signature, or None."""
-    signature = info.get("n_best_signature")
-    if not signature:
-        return None
-    if "n_best" in signature:
-        return signature["n_best"]
-    # Exports written before export.json recorded N: read it from the outputs' shape.
-    match = re.search(r"\[None, (\d+)\]", signature["outputs"]["translations"])
-    return int(match.group(1)) if match else None
 
 
 def _variable_key(name):
@@ -275,8 +243,10 @@ def _make_translator(source, options, checkpoint, dtype, previous=None):
         changes = {k: v for k, v in options.items() if v is not None and v != current[k]}
         if not changes:
             return source
-        # Same model and tokenizer, other decoding options.
-        return Translator(source.model, source.tokenizer, **{**current, **changes})
+        # Same model, tokenizer and request limit (and sampling, if it samples), other decoding options.
+        return Translator(source.model, source.tokenizer, **{**current, **changes},
+                          max_batch_size=source.max_batch_size, sampling=source.sampling,
+                          jit_compile=source._jit_compile)
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source must be a run directory, an exported version or a Translator, "
                         f"got {type(source).__name__}.")
@@ -285,7 +255,11 @@ def _make_translator(source, options, checkpoint, dtype, previous=None):
         if checkpoint is not None:
             raise ValueError("checkpoint applies to a run directory, not to an exported SavedModel.")
         model, tokenizer, _ = load_export(path, dtype=dtype)
-        defaults = {**_RUN_DECODING_DEFAULTS, **{k: v for k, v in previous.get("decoding", {}).items() if k in names}}
+        recorded = previous.get("decoding", {})
+        defaults = {**_RUN_DECODING_DEFAULTS, **{k: v for k, v in recorded.items() if k in names}}
+        if recorded.get("max_batch_size"):  # the limit its clients know
+            return Translator(model, tokenizer, max_batch_size=recorded["max_batch_size"],
+                              **{k: defaults[k] if options[k] is None else options[k] for k in names})
     else:
         from keras_transformer.run_dir import CONFIG_FILENAME, load_run
 
@@ -303,8 +277,10 @@ def _make_translator(source, options, checkpoint, dtype, previous=None):
     return Translator(model, tokenizer, **{k: defaults[k] if options[k] is None else options[k] for k in names})
 
 
-def _export_info(translator, version, source, n_best=None, metadata=None, precision_choice=None, previous=None):
-    """`export.json`'s content; `previous`: the `export.json` of the export `source` is, if it is one."""
+def _export_info(translator, version, source, n_best=None, metadata=None, precision_choice=None, previous=None,
+                 weights=None):
+    """`export.json`'s content; `previous`: the `export.json` of the export `source` is, if it is one;
+    `weights`: the file of a run directory the weights come from (`run_dir.weights_file`)."""
     import keras_transformer
 
     config = translator.model.config
@@ -317,6 +293,7 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
         },
         "version": version,
         "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else None,
+        "weights": weights,
         "decoding": {
             "beam_size": translator.beam_size,
             "alpha": translator.alpha,
@@ -335,7 +312,10 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
         "tensorflow_version": tf.__version__,
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if translator.sampling:
+        info["decoding"]["sampling"] = translator.sampling
     if previous is not None:
+        info["weights"] = previous.get("weights")
         # The same model: how it was trained stays true, and its recorded scores while it decodes as it did.
         same_answers = info["decoding"] == previous.get("decoding") and info["precision"] == previous.get("precision")
         kept = ("training", "metadata") if same_answers else ("training",)
@@ -362,6 +342,24 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
             "outputs": dict(zip(OUTPUT_NAMES, (f"tf.string [None, {n_best}]", f"float32 [None, {n_best}]"))),
         }
     return info
+
+
+def _n_best_to_export(n_best, recorded, translator, source):
+    """The N of the "translate_n_best" signature to write, or None for none (`n_best` 0 or None, nothing recorded).
+
+    An export's own N (`recorded`) holds unless `n_best` is given; one that a
+    smaller new beam cannot give is refused with where it came from.
+    """
+    if n_best is None and recorded is not None:
+        if recorded > translator.beam_size:
+            raise ValueError(f"{source} has a translate_n_best signature of the {recorded} best, more than the beam "
+                             f"size {translator.beam_size} gives; pass n_best (--n-best) of at most "
+                             f"{translator.beam_size}, or 0 for no n-best signature.")
+        n_best = recorded
+    if n_best is None or (n_best == 0 and not isinstance(n_best, bool)):
+        return None
+    translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
+    return n_best
 
 
 def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=None, max_extra_length=None,
@@ -398,7 +396,7 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         n_best: also export the signature "translate_n_best": inputs
             tf.string [B] -> translations tf.string [B, n_best] and scores
             float32 [B, n_best], best first (n_best at most the beam size).
-            An export's own N unless given.
+            An export's own N unless given; 0: no such signature.
         metadata: a JSON-serializable dict recorded as `metadata` in the
             export's `assets/export.json` (e.g. the scores and the machine of
             the run it comes from). The training options of a run directory
@@ -419,7 +417,8 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         `output_dir/<version>` (str).
 
     Raises:
-        FileExistsError: `version` exists and `overwrite` is False.
+        FileExistsError: `version` exists (or appears while the export
+            runs) and `overwrite` is False.
         FileNotFoundError: `source` is no directory.
         ValueError: the graph contains Python ops (never expected); an
             export's variables do not match its model (`load_export`); a
@@ -441,7 +440,7 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
 
     options = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
                    max_input_length=max_input_length, early_stopping=early_stopping)
-    precision_choice, previous = None, None
+    precision_choice, previous, inherited_n_best = None, None, None
     if isinstance(source, (str, os.PathLike)):  # "auto" resolved once, for the model and for export.json
         previous = read_export_info(source) if is_export_dir(source) else None
         if previous is None and dtype is None:
@@ -449,15 +448,18 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         dtype, precision_choice = resolve_decoding_precision(dtype)
         if previous is not None:
             precision_choice = precision_choice if dtype else previous.get("precision_choice")  # ... and why
-            n_best = _recorded_n_best(previous) if n_best is None else n_best
+            inherited_n_best = recorded_n_best(previous)
     write_warmup = warmup_for_export(warmup_sentences, source)  # bad sentences are refused before the slow part
     translator = _make_translator(source, options, checkpoint, dtype, previous)
-    if n_best is not None:
-        translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
+    n_best = _n_best_to_export(n_best, inherited_n_best, translator, source)
+    weights = None
+    if isinstance(source, (str, os.PathLike)) and previous is None:
+        from keras_transformer.run_dir import weights_file
+
+        weights = weights_file(os.fspath(source), checkpoint)
     tf.io.gfile.makedirs(output_dir)
-    remote = "://" in output_dir
-    # Written under a name TF Serving ignores (not an integer), then renamed into place.
-    work_dir = final_dir if remote else os.path.join(output_dir, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
+    # Written under a name TF Serving ignores (not an integer), then moved into place (`publish_version`).
+    work_dir = os.path.join(output_dir, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="keras_transformer_export_") as assets:
         asset_paths = {ASSET_FILENAME: os.path.join(assets, ASSET_FILENAME),
@@ -465,25 +467,18 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
         with open(asset_paths[ASSET_FILENAME], "wb") as f:
             f.write(translator.tokenizer.model_proto)
         with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
-            json.dump(_export_info(translator, version, source, n_best, metadata, precision_choice, previous), f,
-                      indent=2, sort_keys=True)
+            json.dump(_export_info(translator, version, source, n_best, metadata, precision_choice, previous,
+                                   weights), f, indent=2, sort_keys=True)
         module = _ServingModule(translator, asset_paths, n_best)
         try:
-            tf.saved_model.save(
-                module,
-                work_dir,
-                signatures=module.serving_signatures,
-            )
+            tf.saved_model.save(module, work_dir, signatures=module.serving_signatures)
             check_serving_ops(work_dir)
             if write_warmup is not None:
-                write_warmup(work_dir)
+                write_warmup(work_dir, translator.max_batch_size)
+            publish_version(work_dir, final_dir, overwrite)
         except BaseException:
-            if not remote:
-                shutil.rmtree(work_dir, ignore_errors=True)
+            if tf.io.gfile.exists(work_dir):
+                tf.io.gfile.rmtree(work_dir)
             raise
-    if not remote:
-        if os.path.exists(final_dir):  # overwrite=True
-            shutil.rmtree(final_dir)
-        os.rename(work_dir, final_dir)
     logger.info("Exported SavedModel %s in %.1f s", final_dir, time.perf_counter() - start)
     return final_dir

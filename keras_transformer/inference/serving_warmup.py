@@ -152,8 +152,18 @@ def run_validation_sources(run_dir, limit=max(DEFAULT_WARMUP_SIZES)):
     return [source.decode("utf-8") for source, _ in pairs.as_numpy_iterator()]
 
 
+def sizes_within(max_batch_size, sizes=DEFAULT_WARMUP_SIZES):
+    """The warm-up request sizes a model that takes at most `max_batch_size` sentences per request answers.
+
+    TF Serving does not load a version whose warm-up requests fail, so
+    larger sizes are left out (and `max_batch_size` itself stands in if none fits).
+    """
+    return [size for size in sizes if size <= max_batch_size] or [max_batch_size]
+
+
 def warmup_for_export(warmup_sentences, source):
-    """What an export writes as its warm-up requests: a function of the new version's directory, or None.
+    """What an export writes as its warm-up requests: a function of the new version's directory and its
+    `max_batch_size` (requests larger than that are left out, `sizes_within`), or None.
 
     `warmup_sentences` as `export_saved_model` takes it: None (none), a list
     of sentences (checked here, before the export's slow part), or "auto",
@@ -171,7 +181,8 @@ def warmup_for_export(warmup_sentences, source):
     warmup_requests(sentences)  # refuses bad sentences now
     if not _serving_api_installed():
         raise ImportError(_NO_SERVING_API)
-    return lambda version_dir: write_warmup_requests(version_dir, sentences)
+    return lambda version_dir, max_batch_size: write_warmup_requests(version_dir, sentences,
+                                                                     sizes_within(max_batch_size))
 
 
 def _auto_warmup(source):
@@ -182,7 +193,8 @@ def _auto_warmup(source):
         return _none("a Translator has no run directory to take validation sentences from")
     if tf.io.gfile.exists(warmup_path(source)):
         previous = warmup_path(source)
-        return lambda version_dir: _copy(previous, warmup_path(version_dir))
+        # The export's own requests, which its max_batch_size (kept by a re-export) answers.
+        return lambda version_dir, max_batch_size: _copy(previous, warmup_path(version_dir))
     if not os.path.isfile(os.path.join(os.fspath(source), CONFIG_FILENAME)):
         return _none(f"{source} is not a run directory, nor an export with warm-up requests")
     try:
@@ -193,7 +205,8 @@ def _auto_warmup(source):
         return _none(f"no validation data of {source} can be read here")
     if not _serving_api_installed():
         return _none(_NO_SERVING_API, logging.WARNING)
-    return lambda version_dir: write_warmup_requests(version_dir, sentences)
+    return lambda version_dir, max_batch_size: write_warmup_requests(version_dir, sentences,
+                                                                     sizes_within(max_batch_size))
 
 
 def _none(reason, level=logging.INFO):

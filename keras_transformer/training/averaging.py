@@ -98,12 +98,16 @@ def write_averaged_model(run_dir, last, output=None):
 
     Returns:
         (output path, list of averaged checkpoint paths).
+
+    Raises:
+        ValueError: `last` is below 1 (checked first).
+        FileNotFoundError: the run has no checkpoints, or no config.json.
     """
+    if last < 1:
+        raise ValueError(f"last must be at least 1, got {last}.")
     checkpoints = list_checkpoints(run_dir)
     if not checkpoints:
-        raise FileNotFoundError(f"No checkpoints in {os.path.join(run_dir, CHECKPOINT_DIR)}.")
-    if last < 1:
-        raise ValueError(f"--last must be >= 1, got {last}.")
+        raise FileNotFoundError(f"no checkpoints in {os.path.join(run_dir, CHECKPOINT_DIR)}.")
     if len(checkpoints) < last:
         logger.warning("%s has %d checkpoints, fewer than --last %d; averaging all of them.",
                        run_dir, len(checkpoints), last)
