@@ -372,13 +372,46 @@ def test_make_batches_replica_multiple_and_drop_remainder(tokenizer):
     shapes = [src.shape for (src, _), _ in full.as_numpy_iterator()]
     assert all(batch == sizes[length] for batch, length in shapes)
     # A dataset of known size is one pool, so the number of batches per epoch is
-    # sum_k n_k // size_k whatever the order of the pairs (the trainer relies on it).
-    per_bucket = collections.Counter(
-        min(b for b in boundaries if b >= max(len(s), len(t)))
-        for s, t in _expected_examples(
-            zip(corpora.read_lines("test2016", "en"), corpora.read_lines("test2016", "de")),
-            tokenizer, max_length=64))
-    assert len(shapes) == sum(n // sizes[b] for b, n in per_bucket.items())
+    # whole_batches(n, sizes) whatever the order of the pairs (the trainer relies on it).
+    expected = _expected_examples(zip(corpora.read_lines("test2016", "en"), corpora.read_lines("test2016", "de")),
+                                  tokenizer, max_length=64)
+    per_bucket = collections.Counter(min(b for b in boundaries if b >= max(len(s), len(t))) for s, t in expected)
+    assert len(shapes) == data.whole_batches([per_bucket[b] for b in boundaries], [sizes[b] for b in boundaries])
+    assert len(shapes) > sum(n // sizes[b] for b, n in per_bucket.items())  # leftovers made whole batches
+
+
+def test_whole_batches_lose_no_bucket_only_the_longest_bucket_s_leftovers(tokenizer):
+    """With drop_remainder, a bucket's leftover pairs join the next longer bucket (padded to its boundary),
+    so a bucket with fewer pairs than one batch is not left out of every pass; only fewer than one batch
+    of the longest bucket is dropped, and those are other pairs in each pass."""
+    assert data.whole_batches([5, 10, 3], [8, 4, 2]) == 0 + 3 + 3  # 5 carried: 15 (3 batches, 3 carried): 6 (3)
+    assert data.whole_batches([], []) == 0
+    pairs = list(zip(corpora.read_lines("test2016", "en"), corpora.read_lines("test2016", "de")))
+    boundaries, budget = [8, 16, 24, 32, 64], 768
+    sizes = data.bucket_batch_sizes(boundaries, budget)
+    expected = _expected_examples(pairs, tokenizer, max_length=64)
+    shortest = [e for e in expected if max(len(e[0]), len(e[1])) <= 8]
+    assert 0 < len(shortest) < sizes[0]  # fewer than one batch: this bucket used to be dropped whole
+    ds = tf.data.Dataset.from_tensor_slices(tuple(map(list, zip(*pairs))))
+    passes = []
+    batches = data.make_batches(ds, tokenizer, batch_tokens=budget, max_length=64, bucket_boundaries=boundaries,
+                                num_replicas=1, drop_remainder=True, seed=3)
+    for _ in range(2):
+        examples = []
+        for (src, tgt_in), _ in batches.as_numpy_iterator():
+            assert src.shape[0] == sizes[boundaries.index(src.shape[1])]  # only whole batches
+            examples += [(_strip(s), _strip(t)) for s, t in zip(src, tgt_in)]
+        passes.append(examples)
+        assert set(shortest) <= set(examples)  # padded to 16 with the next bucket's pairs
+        assert len(expected) - sizes[-1] < len(examples) <= len(expected) and len(set(examples)) == len(examples)
+    assert set(passes[0]) != set(passes[1])  # the longest bucket's leftovers differ between passes
+
+
+def test_boundaries_past_max_length_are_cut_to_it():
+    assert data.checked_bucket_boundaries([8, 16, 300, 400], 32) == [8, 16, 32]
+    assert data.checked_bucket_boundaries([8, 32], 32) == [8, 32]
+    with pytest.raises(ValueError, match="last bucket boundary"):
+        data.checked_bucket_boundaries([8, 16], 32)
 
 
 def test_make_batches_is_deterministic_and_reshuffles(tokenizer):

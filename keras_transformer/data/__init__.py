@@ -29,9 +29,11 @@ Example::
 from keras_transformer.data.batching import (
     MAX_DEFAULT_POOL_SIZE,
     bucket_batch_sizes,
+    checked_bucket_boundaries,
     default_bucket_boundaries,
     make_batches,
     token_budget_stats,
+    whole_batches,
 )
 from keras_transformer.data.spec import DataSpec, load_dataset
 from keras_transformer.data.text import ParallelTextStats, load_parallel_text, normalize_line, read_text_lines
@@ -42,6 +44,7 @@ __all__ = [
     "DataSpec",
     "ParallelTextStats",
     "bucket_batch_sizes",
+    "checked_bucket_boundaries",
     "default_bucket_boundaries",
     "load_dataset",
     "load_parallel_text",
@@ -50,4 +53,5 @@ __all__ = [
     "normalize_line",
     "read_text_lines",
     "token_budget_stats",
+    "whole_batches",
 ]

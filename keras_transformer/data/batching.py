@@ -91,7 +91,8 @@ def bucket_batch_sizes(boundaries: Sequence[int], batch_tokens: int, num_replica
     return sizes
 
 
-def _check_boundaries(boundaries: Sequence[int], max_length: int) -> list[int]:
+def checked_bucket_boundaries(boundaries: Sequence[int], max_length: int) -> list[int]:
+    """`boundaries` as `make_batches` uses them: checked, and cut at `max_length`."""
     boundaries = [int(b) for b in boundaries]
     if not boundaries or any(b < 1 for b in boundaries) or any(
         a >= b for a, b in zip(boundaries, boundaries[1:])
@@ -101,7 +102,25 @@ def _check_boundaries(boundaries: Sequence[int], max_length: int) -> list[int]:
         raise ValueError(
             f"The last bucket boundary ({boundaries[-1]}) must be >= max_length ({max_length})"
         )
-    return boundaries
+    # No batch is padded past max_length (a learned position table ends there): the first boundary
+    # at or beyond it becomes max_length, and later ones could hold no pair.
+    shorter = [b for b in boundaries if b < max_length]
+    return shorter + [max_length]
+
+
+def whole_batches(counts: Sequence[int], batch_sizes: Sequence[int]) -> int:
+    """Batches `make_batches(..., drop_remainder=True)` cuts from one pool with `counts[k]` pairs in bucket k.
+
+    A bucket's pairs left over after its whole batches join the next longer
+    bucket (padded to its boundary), so a bucket with fewer pairs than one
+    batch is not left out of every pass; only the longest bucket's leftovers
+    are dropped.
+    """
+    total, carried = 0, 0
+    for count, size in zip(counts, batch_sizes):
+        total += (int(count) + carried) // size
+        carried = (int(count) + carried) % size
+    return total
 
 
 def make_batches(
@@ -146,11 +165,13 @@ def make_batches(
     Batches come out in the order ``group_by_window`` would give: a batch is
     emitted at the position of its last pair in the (shuffled) input, so
     lengths interleave and the batch order is as random as the pair order.
-    Each bucket of a pool ends with at most one partial batch (none with
-    ``drop_remainder``). By default a dataset of known size up to
+    Each bucket of a pool ends with at most one partial batch. With
+    ``drop_remainder`` there are only whole batches: a bucket's leftover pairs
+    join the next longer bucket, and only the longest bucket's leftovers are
+    dropped (other pairs each pass). By default a dataset of known size up to
     ``MAX_DEFAULT_POOL_SIZE`` (1M) pairs is one pool, so with
-    ``drop_remainder=True`` an epoch has exactly ``sum_k n_k // size_k``
-    batches (``n_k`` pairs in bucket ``k``, ``size_k`` from
+    ``drop_remainder=True`` an epoch has exactly ``whole_batches(n, sizes)``
+    batches (``n[k]`` pairs in bucket ``k``, ``sizes`` from
     ``bucket_batch_sizes``), whatever the order of the pairs.
 
     Args:
@@ -161,9 +182,10 @@ def make_batches(
             (split across replicas by ``tf.distribute``).
         max_length: longest allowed sequence, counting the EOS (source) or the
             BOS/EOS (target).
-        bucket_boundaries: increasing bucket lengths, last one >= max_length;
-            default ``default_bucket_boundaries(max_length)``. Each batch is
-            padded to its boundary.
+        bucket_boundaries: increasing bucket lengths, last one >= max_length
+            (boundaries past max_length are cut to it); default
+            ``default_bucket_boundaries(max_length)``. Each batch is padded to
+            its boundary.
         shuffle: shuffle the pairs before bucketing (``shuffle=False`` keeps the
             input order; batches still mix lengths, see above).
         seed: shuffle seed (None: nondeterministic).
@@ -175,8 +197,9 @@ def make_batches(
             EOS; the target keeps BOS in the input and ends in EOS in the output).
         repeat: repeat the data forever (before pooling, so pools run across
             epoch boundaries).
-        drop_remainder: drop the partial batch of each bucket in each pool, so
-            every batch of a bucket has the same size. If False and
+        drop_remainder: only whole batches, so every batch of a bucket has the
+            same size: each bucket's leftover pairs in a pool join the next
+            longer bucket, the longest bucket's are dropped. If False and
             ``num_replicas > 1``, a partial batch is cut to a multiple of
             ``num_replicas`` (fewer than ``num_replicas`` pairs per bucket per pool
             are left out; they are different pairs every epoch).
@@ -202,7 +225,7 @@ def make_batches(
         raise ValueError(f"max_length must be >= 2 (BOS/EOS + one token), got {max_length}")
     if bucket_boundaries is None:
         bucket_boundaries = default_bucket_boundaries(max_length)
-    boundaries = _check_boundaries(bucket_boundaries, max_length)
+    boundaries = checked_bucket_boundaries(bucket_boundaries, max_length)
     batch_sizes = bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
     size = _known_size(dataset)
     if pool_size is None:
@@ -284,12 +307,25 @@ class _PoolBatcher:
         self.num_replicas = num_replicas
         self.drop_remainder = drop_remainder
 
+    def _carry_leftovers_up(self, bucket):
+        """Moves the pairs of each bucket beyond its whole batches (the last ones in pool order) to the
+        next longer bucket, from the shortest up (`whole_batches`)."""
+        for k in range(self.num_buckets - 1):
+            in_bucket = tf.equal(bucket, k)
+            rank = tf.cumsum(tf.cast(in_bucket, tf.int64)) - 1  # among bucket k's pairs, in pool order
+            count = tf.reduce_sum(tf.cast(in_bucket, tf.int64))
+            whole = count // self.batch_sizes[k] * self.batch_sizes[k]
+            bucket = tf.where(in_bucket & (rank >= whole), tf.constant(k + 1, bucket.dtype), bucket)
+        return bucket
+
     def __call__(self, *pool):
         # [chunks, pairs, tokens] -> [pairs, tokens]
         src, tgt_in, tgt_out = (x.merge_dims(0, 1) for x in pool)
         lengths = tf.maximum(src.row_lengths(), tgt_in.row_lengths())
         # Bucket = index of the first boundary >= length.
         bucket = tf.searchsorted(self.boundaries, lengths, side="left")
+        if self.drop_remainder:
+            bucket = self._carry_leftovers_up(bucket)
         order = tf.argsort(bucket, stable=True)  # keeps the shuffled order inside a bucket
         bucket_sorted = tf.gather(bucket, order)
 

@@ -24,7 +24,6 @@ Defined answers for awkward input (no crash, no hang):
 
 import concurrent.futures
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -42,6 +41,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_TRANSLATE_BATCH_SIZE,
     EXTRA_OUTPUT_LENGTH,
 )
+from keras_transformer.inference.export_dirs import is_export_dir, read_export_info
 from keras_transformer.inference.signatures import INPUT_NAME, N_BEST_SIGNATURE_NAME, SIGNATURE_NAME
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
@@ -323,7 +323,9 @@ class SavedModelTranslator:
         self.path = resolve_saved_model_dir(path)
         self._loaded = tf.saved_model.load(self.path)
         self._serve = self._loaded.signatures[SIGNATURE_NAME]
-        self.max_batch_size = _recorded_max_batch_size(self._loaded)
+        self.max_batch_size = None  # a SavedModel not written by keras-transformer
+        if is_export_dir(self.path):
+            self.max_batch_size = read_export_info(self.path).get("decoding", {}).get("max_batch_size")
 
     def translate_strings(self, inputs):
         return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
@@ -343,15 +345,6 @@ class SavedModelTranslator:
     def translate(self, sentences, batch_size=DEFAULT_TRANSLATE_BATCH_SIZE, progress=False, return_scores=False,
                   workers=2, n_best=None):
         return Translator.translate(self, sentences, batch_size, progress, return_scores, workers, n_best)
-
-
-def _recorded_max_batch_size(loaded):
-    """The most sentences per request a loaded export takes, as its `export.json` records; None if unknown."""
-    asset = getattr(loaded, "export_info", None)  # None: a SavedModel not written by keras-transformer
-    if asset is None:
-        return None
-    with tf.io.gfile.GFile(asset.asset_path.numpy().decode("utf-8")) as f:
-        return json.load(f).get("decoding", {}).get("max_batch_size")
 
 
 def _even_batches(order, batch_size, workers):

@@ -13,12 +13,14 @@ stream, seeded by its step (`TrainingData.stream`).
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 import tensorflow as tf
 
 from keras_transformer import data
 
+logger = logging.getLogger(__name__)
 
 def materialize(dataset):
     """A `(source_text, target_text)` dataset as two `tf.string` tensors."""
@@ -34,13 +36,16 @@ def materialize(dataset):
 def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_replicas, boundaries=None):
     """Batches `make_batches(..., drop_remainder=True)` yields for one pass over these pairs.
 
-    With the remainder dropped, this is `sum_k n_k // size_k` over the length
-    buckets k (n_k pairs of bucket k, size_k sentences per batch), whatever the
-    order of the pairs: every shuffled pass has this many batches. `boundaries`:
-    the length buckets the batches use (default `data.default_bucket_boundaries(max_length)`).
+    With only whole batches, this is `data.whole_batches(n, sizes)` over the
+    length buckets (n[k] pairs of bucket k, sizes[k] sentences per batch),
+    whatever the order of the pairs: every shuffled pass has this many batches.
+    `boundaries`: the length buckets the batches use (default
+    `data.default_bucket_boundaries(max_length)`). Pairs longer than
+    `max_length` are left out of training, and a warning says how many.
     """
     if boundaries is None:
         boundaries = data.default_bucket_boundaries(max_length)
+    boundaries = data.checked_bucket_boundaries(boundaries, max_length)
     sizes = data.bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
     src, tgt = pairs
     counts = np.zeros(len(boundaries), np.int64)
@@ -52,7 +57,12 @@ def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_repl
         length = np.maximum(s_len, t_len)[fits]
         bucket = np.searchsorted(np.asarray(boundaries), length, side="left")
         counts += np.bincount(bucket, minlength=len(boundaries))
-    return int(sum(n // size for n, size in zip(counts, sizes)))
+    total = int(src.shape[0])
+    if counts.sum() < total:
+        logger.warning("%d of %d training pairs (%.2f%%) have a side longer than max_length %d tokens (with the end "
+                       "or start token) and are left out of training.", total - counts.sum(), total,
+                       100.0 * (total - counts.sum()) / total, max_length)
+    return data.whole_batches(counts, sizes)
 
 
 class TrainingData:
