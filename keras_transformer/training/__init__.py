@@ -30,8 +30,9 @@ Modules:
 The run directory's layout is in `keras_transformer.run_dir`. An "epoch"
 (Keras `fit` epoch, one `history.csv` row) is one pass over an in-memory
 training set: each pass is a new seeded permutation of the pairs, batched by
-`make_batches` with the last partial batch of each length bucket dropped, so
-every pass has the same number of batches. For streamed corpora (tfds, and
+`make_batches` in whole batches only (each length bucket's leftover pairs
+join the next longer bucket; `data.whole_batches`), so every pass has the
+same number of batches. For streamed corpora (tfds, and
 text files of more than `data.MAX_DEFAULT_POOL_SIZE` pairs) an epoch is
 `--steps-per-epoch` steps (default 1000 for tfds).
 

@@ -93,7 +93,7 @@ class TrainingData:
         if self.streamed and (self.args.steps_per_epoch or self.tensors is None):
             return self.args.steps_per_epoch or 1000
         # Exact for in-memory passes; for a large in-memory corpus streamed in
-        # several pools, close (a few partial batches per pool are dropped).
+        # several pools, close (each pool drops its longest bucket's leftovers).
         # With subword sampling, sentences are segmented into more pieces than
         # here, so a pass has more batches than this count: Keras' epochs end
         # before the end of a pass, "epochs" count steps rather than passes,
@@ -110,7 +110,7 @@ class TrainingData:
 
     def _epoch_batches(self, epoch):
         pairs = self._shuffled_pairs(self.args.seed, epoch)
-        # One pool per pass: every pass has exactly sum_k n_k // size_k batches.
+        # One pool per pass: every pass has exactly whole_batches(n, sizes) batches.
         return data.make_batches(
             pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
             bucket_boundaries=self.boundaries, shuffle=False, num_replicas=self.num_replicas,
