@@ -1,7 +1,8 @@
 """The ids of the four special tokens, shared by the model, the tokenizer and decoding.
 
-The model masks padding by `ids != PAD_ID` (§3.2.3: padded keys are never
-attended to, padded labels never counted); decoding starts every output with
+The model masks padding by `ids != PAD_ID`: padded keys are never attended
+to, padded labels never counted (the paper does not discuss padding; §3.2.3
+masks only the decoder's future positions); decoding starts every output with
 `BOS_ID` and ends it with `EOS_ID`. The SentencePiece vocabulary
 (`keras_transformer.data.tokenizer`) is trained to give these pieces exactly
 these ids, so nothing else in the package may define them.

@@ -93,16 +93,39 @@ def test_resume_optimizer_with_another_ema_is_refused(base_run, tmp_path):
 
 
 def test_a_vocabulary_or_architecture_mismatch_is_refused(base_run, tmp_path):
+    from keras_transformer.data.tokenizer import train_tokenizer
+
     base_dir, spec = base_run
     other = tmp_path / "other"
-    other.mkdir()
-    shutil.copy(base_dir / "spm.model", other / "spm.model")
-    with open(other / "spm.model", "ab") as f:
-        f.write(b"\0")
-    with pytest.raises(ValueError, match="Vocabulary mismatch"):
+    train_tokenizer(corpora.read_lines("train", "en")[3000:4000], other / "spm", vocab_size=500)
+    with pytest.raises(ValueError, match=r"Vocabulary mismatch: .*other/spm.model is not the vocabulary of "
+                                         r".*base, whose weights --init-from loads \(piece \d+ is "):
         training.train(fine_tune_args(other, base_dir, spec))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    shutil.copy(base_dir / "spm.model", broken / "spm.model")
+    with open(broken / "spm.model", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ValueError, match=r"broken/spm.model is not a SentencePiece model"):
+        training.train(fine_tune_args(broken, base_dir, spec))
     with pytest.raises(ValueError, match="num_layers cannot change"):
         training.train(fine_tune_args(tmp_path / "wider", base_dir, spec, overrides={"num_layers": 3}))
     with pytest.raises(ValueError, match="resume_optimizer needs init_from"):
         training.TrainingArgs(resume_optimizer=True)
     assert not os.path.exists(tmp_path / "wider" / "model.keras")
+
+
+def test_the_same_vocabulary_trained_again_is_adopted(tmp_path):
+    """Each training records its (here temporary) model_prefix in spm.model: the bytes differ, the vocabulary not."""
+    from keras_transformer.data.tokenizer import get_or_train_tokenizer
+    from keras_transformer.training.init_from import adopt_vocabulary
+
+    texts = corpora.read_lines("train", "en")[:1000] + corpora.read_lines("train", "de")[:1000]
+    base, tuned, other = (tmp_path / name for name in ("base", "tuned", "other"))
+    get_or_train_tokenizer(base, lambda: texts, vocab_size=400)
+    get_or_train_tokenizer(tuned, lambda: texts, vocab_size=400)
+    assert (base / "spm.model").read_bytes() != (tuned / "spm.model").read_bytes()
+    adopt_vocabulary(str(tuned), str(base))
+    get_or_train_tokenizer(other, lambda: texts[:1500], vocab_size=400)
+    with pytest.raises(ValueError, match=r"Vocabulary mismatch: .*other/spm.model is not the vocabulary of .*base"):
+        adopt_vocabulary(str(other), str(base))

@@ -14,6 +14,7 @@ from keras_transformer.data.tokenizer import (
     Tokenizer,
     get_or_train_tokenizer,
     train_tokenizer,
+    vocabulary_difference,
 )
 
 VOCAB_SIZE = 1000
@@ -215,10 +216,46 @@ def test_sampling_alpha_works_in_tf_data_and_rejects_bad_values(tokenizer, val_s
     again = [tuple(r[r > 0]) for batch in dataset for r in batch.numpy()]
     assert rows != again  # every pass samples anew
     for bad in (1.5, -0.1):
-        with pytest.raises(ValueError, match="sampling_alpha"):
+        with pytest.raises(ValueError, match=rf"^sampling_alpha must be in \[0, 1\], got {bad}\.$"):
             tokenizer.tokenize(["A dog."], sampling_alpha=bad)
+    for bound in (0.0, 1.0):  # the message's closed interval: 0 is the best segmentation
+        assert _decode(tokenizer.detokenize(tokenizer.tokenize(["A dog."], sampling_alpha=bound))) == ["A dog."]
 
 
 def test_training_on_blank_text_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="every training sentence is empty or blank"):
         train_tokenizer(["", "   ", "\t"], str(tmp_path / "spm"), vocab_size=50)
+
+
+def test_the_same_vocabulary_trained_twice_is_the_same_though_its_bytes_differ(tokenizer, tmp_path):
+    """The model file records the model_prefix it was trained under (get_or_train_tokenizer: a temporary one)."""
+    again = train_tokenizer(_train_texts(), tmp_path / "elsewhere" / "spm", vocab_size=VOCAB_SIZE)
+    assert again.model_proto != tokenizer.model_proto
+    assert vocabulary_difference(again.model_proto, tokenizer.model_proto) is None
+    assert vocabulary_difference(tokenizer.save(tmp_path / "copy.model"), again.model_proto) is None
+    other = train_tokenizer(_train_texts()[1000:], tmp_path / "other", vocab_size=VOCAB_SIZE)
+    assert vocabulary_difference(tokenizer.model_proto, other.model_proto).startswith("piece ")
+    smaller = train_tokenizer(_train_texts(), tmp_path / "smaller", vocab_size=VOCAB_SIZE - 100)
+    assert vocabulary_difference(tokenizer.model_proto, smaller.model_proto) == "1000 pieces against 900"
+    (tmp_path / "broken.model").write_bytes(tokenizer.model_proto + b"\0")
+    with pytest.raises(ValueError, match=r"broken.model is not a SentencePiece model"):
+        vocabulary_difference(tokenizer.model_proto, tmp_path / "broken.model")
+
+
+def test_trainer_flags_replace_the_defaults_but_not_the_special_ids(tmp_path):
+    from sentencepiece import sentencepiece_model_pb2
+
+    texts = _train_texts()[:600]
+    sampled = train_tokenizer(texts, tmp_path / "sampled", vocab_size=400, input_sentence_size=300,
+                              shuffle_input_sentence=True, minloglevel=2)
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(sampled.model_proto)
+    assert proto.trainer_spec.input_sentence_size == 300 and proto.trainer_spec.shuffle_input_sentence
+    for flags in ({"pad_id": 5}, {"eos_piece": "<end>"}, {"bos_id": -1, "unk_piece": "?"}):
+        names = ", ".join(sorted(flags))
+        with pytest.raises(ValueError, match=rf"^train_tokenizer \(tokenizer .*special\): {names} cannot be set: "
+                                             r"keras_transformer.special_ids fixes the special tokens"):
+            train_tokenizer(texts, tmp_path / "special", vocab_size=400, **flags)
+    with pytest.raises(ValueError, match=r"input cannot be set: the sentences are `texts`"):
+        train_tokenizer(texts, tmp_path / "special", vocab_size=400, input="corpus.txt")
+    assert not (tmp_path / "special.model").exists()

@@ -284,6 +284,22 @@ def test_bad_time_budget_and_precision_are_refused():
         training.TrainingArgs(precision="bfloat16")
 
 
+def test_a_batch_multiple_the_replicas_cannot_share_is_refused_before_training(tmp_path):
+    """Batches of a multiple of 3 would split unevenly over 2 replicas."""
+    import types
+
+    with pytest.raises(ValueError, match=r"^--batch-multiple 3 is not a multiple of the 2 replicas: .* Pass a "
+                                         r"multiple of 2 \(e\.g\. 4\) or leave --batch-multiple out"):
+        training_strategy.check_batch_multiple(3, 2)
+    for batch_multiple, replicas in ((None, 2), (4, 2), (2, 1), (8, 8)):
+        training_strategy.check_batch_multiple(batch_multiple, replicas)
+    # train() refuses it first: before the run directory, the vocabulary or any data.
+    two_replicas = types.SimpleNamespace(num_replicas_in_sync=2)
+    with pytest.raises(ValueError, match="--batch-multiple 3 is not a multiple of the 2 replicas"):
+        training.train(training.TrainingArgs(output=str(tmp_path / "run"), batch_multiple=3), strategy=two_replicas)
+    assert not (tmp_path / "run").exists()
+
+
 # A real MultiWorkerMirroredStrategy, in a fresh process (it configures collective ops for the whole
 # process). Without TF_CONFIG it is a local, single-worker one: no server, no port.
 MULTI_WORKER_TIME_BUDGET = """
@@ -841,3 +857,23 @@ def test_example_flags_that_take_none_and_options_checked_before_training(tmp_pa
     assert wmt.main(["--dry-run", "--max-steps", "none", "--epochs", "3"]).max_steps is None
     with pytest.raises(SystemExit, match="is not a run directory"):
         wmt.main(["--eval-only", "--output", str(tmp_path / "missing")])
+
+
+def test_pairs_longer_than_max_length_are_counted_in_a_warning(spm500, caplog):
+    """Training leaves out pairs with a side longer than max_length; the user is told how many."""
+    from keras_transformer import data
+    from keras_transformer.data.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(spm500)
+    pairs = training_stream.materialize(data.load_dataset("multi30k", "val"))
+    lengths = [max(len(tokenizer.encode(s.decode())), len(tokenizer.encode(t.decode()))) + 1
+               for s, t in zip(pairs[0].numpy(), pairs[1].numpy())]
+    too_long = sum(length > 16 for length in lengths)
+    assert 0 < too_long < len(lengths)
+    with caplog.at_level("WARNING", logger="keras_transformer.training.stream"):
+        training_stream.count_batches_per_epoch(pairs, tokenizer, 512, 16, 1)
+    assert f"{too_long} of {len(lengths)} training pairs" in caplog.text and "max_length 16" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="keras_transformer.training.stream"):
+        training_stream.count_batches_per_epoch(pairs, tokenizer, 4096, max(lengths), 1)
+    assert "training pairs" not in caplog.text

@@ -14,9 +14,12 @@ import numpy as np
 
 from keras_transformer.run_dir import (
     CHECKPOINT_DIR,
+    CONFIG_FILENAME,
+    TOKENIZER_FILENAME,
     build_model,
     list_checkpoints,
     model_config_of_run,
+    read_config,
     run_dir_of_checkpoint,
 )
 
@@ -39,10 +42,15 @@ def average_checkpoints(paths, model=None):
         list of NumPy arrays in `model.get_weights()` order (pass it to
         `model.set_weights`), each the mean over the checkpoints (accumulated in
         float64, returned in the weights' dtype).
+
+    Raises:
+        ValueError: no paths, or checkpoints of runs with different models
+            or vocabularies (`check_same_model`).
     """
     paths = [os.fspath(p) for p in paths]
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint path.")
+    check_same_model(paths)
     if model is None:
         model = build_model(model_config_of_run(run_dir_of_checkpoint(paths[0])), dtype="float32")
     original = model.get_weights()
@@ -59,6 +67,61 @@ def average_checkpoints(paths, model=None):
     finally:
         model.set_weights(original)
     return [(acc / len(paths)).astype(w.dtype) for acc, w in zip(total, original)]
+
+
+def _model_section(run_dir):
+    """The run's model configuration as a dict without the training-only fields, or None without config.json."""
+    from keras_transformer.config import TransformerConfig
+    from keras_transformer.training.init_from import ADJUSTABLE_FIELDS
+
+    if not os.path.exists(os.path.join(run_dir, CONFIG_FILENAME)):
+        return None
+    values = TransformerConfig.from_dict(read_config(run_dir)["model"]).to_dict()
+    return {k: v for k, v in values.items() if k not in ADJUSTABLE_FIELDS}
+
+
+def _difference(first, other, path, other_path):
+    """What differs between the runs `first` and `other` (of checkpoints `path`, `other_path`), or None."""
+    from keras_transformer.data.tokenizer import vocabulary_difference
+
+    for name in (CONFIG_FILENAME, TOKENIZER_FILENAME):
+        has = os.path.exists(os.path.join(first, name)), os.path.exists(os.path.join(other, name))
+        if has[0] != has[1]:
+            return f"the run of {(path, other_path)[has[1]]} has a {name}, the other's has none"
+    a, b = _model_section(first), _model_section(other)
+    if a != b:
+        fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        return "model configurations differ: " + ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in fields)
+    vocabularies = os.path.join(first, TOKENIZER_FILENAME), os.path.join(other, TOKENIZER_FILENAME)
+    if os.path.exists(vocabularies[0]):
+        difference = vocabulary_difference(*vocabularies)
+        if difference:
+            return f"vocabularies ({TOKENIZER_FILENAME}) differ: {difference}"
+    return None
+
+
+def check_same_model(paths):
+    """Refuses checkpoints of runs whose models or vocabularies differ from the first checkpoint's run.
+
+    Weights of the same shapes from another configuration (say another
+    activation) or another vocabulary would load without error and average
+    into nonsense. Training-only fields (dropout, label smoothing) may differ,
+    as between a run and its fine-tuning (`training.init_from`).
+
+    Raises:
+        ValueError: naming both checkpoints and what differs.
+    """
+    first = run_dir_of_checkpoint(paths[0])
+    checked = {first}
+    for path in paths[1:]:
+        other = run_dir_of_checkpoint(path)
+        if other in checked:
+            continue
+        checked.add(other)
+        difference = _difference(first, other, paths[0], path)
+        if difference:
+            raise ValueError(f"Cannot average {paths[0]} with {path}: they are checkpoints of different models "
+                             f"({difference}).")
 
 
 def checkpoints_to_average(checkpoints, last_step, count, fraction=None):

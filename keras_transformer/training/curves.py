@@ -17,13 +17,21 @@ def _float(value):
 
 
 def plot_curves(run_dir, output=None):
-    """Writes `curves.png`: training (every `log_every` steps) and validation (every epoch)
-    loss and accuracy against the step. Returns the path, or None without data."""
+    """Plots training (every `log_every` steps) and validation (every epoch) loss and accuracy
+    against the step into `output` (default `RUN_DIR/curves.png`), in the format its extension
+    names (.png, .pdf, .svg, ...). Returns the path, or None without data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.backend_bases import FigureCanvasBase
 
+    output = os.fspath(output) if output else os.path.join(run_dir, CURVES_FILENAME)
+    image_format = os.path.splitext(output)[1][1:].lower() or "png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if image_format not in formats:
+        raise ValueError(f"plot_curves: cannot write {output}: .{image_format} is not an image format matplotlib "
+                         f"writes ({', '.join('.' + f for f in sorted(formats))}).")
     steps = read_csv(os.path.join(run_dir, STEPS_FILENAME))
     epochs = read_csv(os.path.join(run_dir, HISTORY_FILENAME))
     if not steps and not epochs:
@@ -48,9 +56,10 @@ def plot_curves(run_dir, output=None):
         ax.legend()
     fig.suptitle(os.path.basename(os.path.abspath(run_dir)))
     fig.tight_layout()
-    output = output or os.path.join(run_dir, CURVES_FILENAME)
-    tmp = output + f".tmp-{os.getpid()}.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
+    tmp = output + f".tmp-{os.getpid()}"
+    try:
+        fig.savefig(tmp, dpi=100, format=image_format)  # the temporary name's extension must not choose it
+    finally:
+        plt.close(fig)
     os.replace(tmp, output)
     return output

@@ -38,18 +38,24 @@ def model_config_from(init_dir, overrides):
 
 
 def adopt_vocabulary(run_dir, init_dir):
-    """Copies `init_dir`'s `spm.model` into `run_dir`; refuses a `run_dir` with another one."""
+    """Copies `init_dir`'s `spm.model` into `run_dir`; refuses a `run_dir` with another vocabulary.
+
+    The same vocabulary trained twice is accepted though its bytes differ
+    (`data.tokenizer.vocabulary_difference`).
+    """
+    from keras_transformer.data.tokenizer import vocabulary_difference
+
     source = os.path.join(init_dir, TOKENIZER_FILENAME)
     target = os.path.join(run_dir, TOKENIZER_FILENAME)
     if not os.path.exists(source):
         raise FileNotFoundError(f"--init-from {init_dir}: no {TOKENIZER_FILENAME} there.")
     if os.path.exists(target):
-        with open(source, "rb") as a, open(target, "rb") as b:
-            if a.read() != b.read():
-                raise ValueError(
-                    f"Vocabulary mismatch: {target} is not the vocabulary of {init_dir}, whose weights "
-                    "--init-from loads. Use a new --output directory (the vocabulary is copied there)."
-                )
+        difference = vocabulary_difference(source, target)
+        if difference:
+            raise ValueError(
+                f"Vocabulary mismatch: {target} is not the vocabulary of {init_dir}, whose weights "
+                f"--init-from loads ({difference}). Use a new --output directory (the vocabulary is copied there)."
+            )
         return
     os.makedirs(run_dir, exist_ok=True)
     shutil.copyfile(source, target)

@@ -108,6 +108,7 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
     if strategy is None:
         strategy = strategies.get_strategy()
     strategies.check_time_budget(args, strategy)
+    strategies.check_batch_multiple(args.batch_multiple, strategy.num_replicas_in_sync)
     previous_policy = keras.mixed_precision.global_policy()
     try:
         state = _set_up(args, strategy)

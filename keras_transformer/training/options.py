@@ -108,8 +108,8 @@ class TrainingArgs:
         log_every: steps between rows of `steps.csv`.
         steps_per_execution: train steps per `tf.function` call.
         batch_multiple: round batch sizes to a multiple of this (default the
-            replica count); set it to compare runs on different device counts
-            on the same batches.
+            replica count; it must be a multiple of the replica count); set it
+            to compare runs on different device counts on the same batches.
         verbose: `fit` verbosity ("auto", 0, 1, 2).
     """
 

@@ -158,6 +158,22 @@ def check_time_budget(args, strategy):
                          "--epochs.")
 
 
+def check_batch_multiple(batch_multiple, num_replicas):
+    """Refuses a `batch_multiple` the replicas cannot share: each global batch must split evenly over them.
+
+    Args:
+        batch_multiple: `TrainingArgs.batch_multiple` (None: the replica count).
+        num_replicas: the strategy's `num_replicas_in_sync`.
+    """
+    if batch_multiple is not None and batch_multiple % num_replicas:
+        raise ValueError(
+            f"--batch-multiple {batch_multiple} is not a multiple of the {num_replicas} replicas: a global batch "
+            f"of a multiple of {batch_multiple} sequences would not split evenly over them. Pass a multiple of "
+            f"{num_replicas} (e.g. {num_replicas * -(-batch_multiple // num_replicas)}) or leave --batch-multiple "
+            "out (the replica count)."
+        )
+
+
 def work_around_keras_multiworker(model, strategy, element_spec):
     """Makes Keras 3 `fit`/`evaluate` run under MultiWorkerMirroredStrategy.
 
