@@ -250,7 +250,7 @@ def _make_translator(source, options, checkpoint, dtype, previous=None):
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source must be a run directory, an exported version or a Translator, "
                         f"got {type(source).__name__}.")
-    path = os.fspath(source)
+    path, limits = os.fspath(source), {}
     if previous is not None:
         if checkpoint is not None:
             raise ValueError("checkpoint applies to a run directory, not to an exported SavedModel.")
@@ -258,8 +258,7 @@ def _make_translator(source, options, checkpoint, dtype, previous=None):
         recorded = previous.get("decoding", {})
         defaults = {**_RUN_DECODING_DEFAULTS, **{k: v for k, v in recorded.items() if k in names}}
         if recorded.get("max_batch_size"):  # the limit its clients know
-            return Translator(model, tokenizer, max_batch_size=recorded["max_batch_size"],
-                              **{k: defaults[k] if options[k] is None else options[k] for k in names})
+            limits = dict(max_batch_size=recorded["max_batch_size"])
     else:
         from keras_transformer.run_dir import CONFIG_FILENAME, load_run
 
@@ -274,7 +273,8 @@ def _make_translator(source, options, checkpoint, dtype, previous=None):
                                  f"{os.path.join(path, str(list_versions(path)[-1]))}.")
         model, tokenizer = load_run(path, checkpoint=checkpoint, dtype=dtype)
         defaults = _RUN_DECODING_DEFAULTS
-    return Translator(model, tokenizer, **{k: defaults[k] if options[k] is None else options[k] for k in names})
+    return Translator(model, tokenizer, **limits,
+                      **{k: defaults[k] if options[k] is None else options[k] for k in names})
 
 
 def _export_info(translator, version, source, n_best=None, metadata=None, precision_choice=None, previous=None,
