@@ -2,7 +2,7 @@
 
     python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUEST_SIZE CONCURRENCY [INTRA INTER [KERNELS]]
     python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA COMPUTE_TYPE [GEMM]
-    python benchmarks/serving_worker.py translator MODEL SENTENCES_FILE BATCH_SIZE WORKERS [KERNELS]
+    python benchmarks/serving_worker.py translator MODEL SENTENCES_FILE BATCH_SIZE WORKERS [KERNELS [THREADS]]
 
 "savedmodel" imports only tensorflow and tensorflow_text, as a model server
 would: it sends the sentences in file order, REQUEST_SIZE per call of the
@@ -21,7 +21,9 @@ only; "default" leaves CTranslate2's choice (oneDNN elsewhere). "translator"
 is what `keras-transformer translate --model MODEL` runs (MODEL an export or
 a run directory, beam 4 and alpha 0.6): the package's
 `load_translator(MODEL).translate(sentences, batch_size=BATCH_SIZE,
-workers=WORKERS)`, with TensorFlow's default thread pools.
+workers=WORKERS)`; THREADS "cli" (the default) sets TensorFlow's pools as the
+command line does (`cli.threads.set_pools_for(WORKERS)`: cores // WORKERS
+intra-op threads, WORKERS inter-op), "default" leaves TensorFlow's own.
 
 Protocol (one JSON object per line): it prints {"ready": ...} after a warm-up
 pass; each "run" read on stdin makes one timed pass over all sentences and
@@ -74,8 +76,14 @@ def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra="d
     return translate
 
 
-def translator_engine(model, sentences, batch_size, workers, kernels="default"):
+def translator_engine(model, sentences, batch_size, workers, kernels="default", threads="cli"):
     _choose_kernels(kernels)
+    if threads == "cli":  # before anything runs, as `keras-transformer translate` does
+        from keras_transformer.cli.threads import set_pools_for
+
+        set_pools_for(int(workers))
+    elif threads != "default":
+        raise ValueError(f"threads must be 'cli' or 'default', got {threads!r}")
     from keras_transformer.inference.translator import load_translator
 
     translator = load_translator(model, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_extra_length=EXTRA_LENGTH)

@@ -8,8 +8,9 @@ sentences, beam 4, alpha 0.6) through the run exported as a SavedModel
 (`--precision`, default float32) or, with `--source run_dir`, through the run
 directory itself (the in-process `Translator`, in the precision the run trained
 in), for each batch size, each in a fresh process
-(`serving_worker.py translator`, TensorFlow's default thread pools, as the
-command line has them): the first call (`cold`, what one `translate` command
+(`serving_worker.py translator`, with TensorFlow's thread pools as the command
+line sets them, `cli.threads`; `--threads default,cli` also times TensorFlow's
+own pools): the first call (`cold`, what one `translate` command
 waits for after loading the model) and a second one (`warm`, a long-lived
 process). Where TensorFlow leaves its oneDNN kernels off by default, each
 batch size is also timed with `TF_ENABLE_ONEDNN_OPTS=1`. Rounds alternate the
@@ -37,20 +38,21 @@ DEFAULT_BATCH_SIZES = "64,128,256,512"
 WORKERS = 2  # Translator.translate's default
 
 
-def candidates(batch_sizes, onednn_by_default):
+def candidates(batch_sizes, onednn_by_default, threads=("cli",)):
     kernels = ("default",) if onednn_by_default else ("default", "onednn")
-    return [(size, kernel) for kernel in kernels for size in batch_sizes]
+    return [(size, kernel, pools) for pools in threads for kernel in kernels for size in batch_sizes]
 
 
 def label(candidate):
-    size, kernels = candidate
-    return f"batch_size {size}, {kernels} kernels"
+    size, kernels, pools = candidate
+    # The command line's pools (the default) are not named, so labels read as they did before the option.
+    return f"batch_size {size}, {kernels} kernels" + (", TensorFlow's default thread pools" if pools == "default" else "")
 
 
 def time_once(candidate, model, sentences_file, output_path):
     """Cold and warm seconds of one fresh process, and its translations (written to `output_path`)."""
-    size, kernels = candidate
-    worker = decode_serving.Worker(["translator", model, size, WORKERS, kernels], sentences_file)
+    size, kernels, pools = candidate
+    worker = decode_serving.Worker(["translator", model, size, WORKERS, kernels, pools], sentences_file)
     try:
         cold = worker.ready["warmup_seconds"]
         warm = worker.command("run")["seconds"]
@@ -84,10 +86,16 @@ def main(argv=None):
     parser.add_argument("--source", choices=("export", "run_dir"), default="export",
                         help="translate through a SavedModel export of the run (default) or the run directory")
     parser.add_argument("--precision", default="float32", help="the export's precision (default %(default)s)")
+    parser.add_argument("--threads", default="cli",
+                        help="TensorFlow's thread pools to time, comma-separated: cli (as the command line sets "
+                             "them) and/or default (TensorFlow's own); the first is the baseline's (default %(default)s)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     batch_sizes = [int(size) for size in args.batch_sizes.split(",")]
+    threads = tuple(name.strip() for name in args.threads.split(","))
+    if not threads or not set(threads) <= {"cli", "default"}:
+        parser.error(f"--threads takes cli and/or default, got {args.threads!r}")
 
     from keras_transformer.data import corpora
     from keras_transformer.inference.evaluation import corpus_scores
@@ -95,7 +103,7 @@ def main(argv=None):
 
     machine = common.machine_info()
     sources, references = corpora.read_lines("test2016", "en"), corpora.read_lines("test2016", "de")
-    tried = candidates(batch_sizes, decode_serving.tensorflow_uses_onednn_by_default())
+    tried = candidates(batch_sizes, decode_serving.tensorflow_uses_onednn_by_default(), threads)
     baseline = tried[0]
     times, outputs = {c: [] for c in tried}, {}
     with tempfile.TemporaryDirectory(prefix="translate_batching_") as work_dir:
@@ -121,7 +129,7 @@ def main(argv=None):
     payload = {"benchmark": "translate_batching", "run_dir": args.run_dir, "source": args.source,
                "precision": args.precision if args.source == "export" else "the run's",
                "sentences": len(sources), "beam_size": decode_serving.BEAM_SIZE, "alpha": decode_serving.ALPHA,
-               "workers": WORKERS, "rounds": args.rounds, "baseline": label(baseline), "machine": machine,
+               "workers": WORKERS, "threads": list(threads), "rounds": args.rounds, "baseline": label(baseline), "machine": machine,
                "results": results,
                "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras"])}
     common.write_json(args.json, payload)

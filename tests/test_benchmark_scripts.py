@@ -152,10 +152,15 @@ def test_serving_tuning_keeps_each_setting_s_fastest_pass(monkeypatch):
 def test_translate_batching_compares_each_batch_size_with_the_first():
     import translate_batching
 
-    assert translate_batching.candidates([64, 256], onednn_by_default=True) == [(64, "default"), (256, "default")]
+    assert translate_batching.candidates([64, 256], onednn_by_default=True) == [
+        (64, "default", "cli"), (256, "default", "cli")]
     assert translate_batching.candidates([64, 256], onednn_by_default=False) == [
-        (64, "default"), (256, "default"), (64, "onednn"), (256, "onednn")]
-    base, big = (64, "default"), (256, "default")
+        (64, "default", "cli"), (256, "default", "cli"), (64, "onednn", "cli"), (256, "onednn", "cli")]
+    assert translate_batching.candidates([256], onednn_by_default=True, threads=("default", "cli")) == [
+        (256, "default", "default"), (256, "default", "cli")]
+    assert translate_batching.label((256, "default", "default")) == (
+        "batch_size 256, default kernels, TensorFlow's default thread pools")
+    base, big = (64, "default", "cli"), (256, "default", "cli")
     times = {base: [{"cold": 10.0, "warm": 8.0}, {"cold": 12.0, "warm": 8.0}],
              big: [{"cold": 5.0, "warm": 8.0}, {"cold": 8.0, "warm": 4.0}]}
     results = translate_batching.summarize(times, {base: ["a", "b"], big: ["a", "c"]}, base, 2)
@@ -167,6 +172,8 @@ def test_translate_batching_compares_each_batch_size_with_the_first():
 
     with pytest.raises(ValueError, match="kernels must be"):
         serving_worker.translator_engine("/x", ["a"], 1, 1, kernels="mkl")
+    with pytest.raises(ValueError, match="threads must be"):
+        serving_worker.translator_engine("/x", ["a"], 1, 1, threads="two")
 
 
 def test_results_command_shows_the_kernel_variables_that_were_set():

@@ -8,9 +8,11 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
     DEFAULT_TRANSLATE_BATCH_SIZE,
+    DEFAULT_TRANSLATE_WORKERS,
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
 )
+from keras_transformer.cli.threads import set_pools_for
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
@@ -54,7 +56,12 @@ def add_model_options(parser):
 
 
 def load_translator(args, command):
-    """The translator the options describe; a missing model or a refused option ends `command` with a message."""
+    """The translator the options describe; a missing model or a refused option ends `command` with a message.
+
+    First gives each of the batches `Translator.translate` keeps in flight its
+    share of the cores (`cli.threads`), before TensorFlow starts.
+    """
+    set_pools_for(DEFAULT_TRANSLATE_WORKERS)
     from keras_transformer.inference.translator import load_translator
 
     sampling = None

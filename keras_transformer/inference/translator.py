@@ -39,6 +39,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
     DEFAULT_TRANSLATE_BATCH_SIZE,
+    DEFAULT_TRANSLATE_WORKERS,
     EXTRA_OUTPUT_LENGTH,
 )
 from keras_transformer.inference.export_dirs import is_export_dir, read_export_info
@@ -233,7 +234,7 @@ class Translator(tf.Module):
     # Python convenience ---------------------------------------------------------------
 
     def translate(self, sentences, batch_size=DEFAULT_TRANSLATE_BATCH_SIZE, progress=False, return_scores=False,
-                  workers=2, n_best=None):
+                  workers=DEFAULT_TRANSLATE_WORKERS, n_best=None):
         """Translates a list of `str`, batching sentences of similar length.
 
         Args:
@@ -343,7 +344,7 @@ class SavedModelTranslator:
         return {name: value[:, :n_best] for name, value in outputs.items()}
 
     def translate(self, sentences, batch_size=DEFAULT_TRANSLATE_BATCH_SIZE, progress=False, return_scores=False,
-                  workers=2, n_best=None):
+                  workers=DEFAULT_TRANSLATE_WORKERS, n_best=None):
         return Translator.translate(self, sentences, batch_size, progress, return_scores, workers, n_best)
 
 
