@@ -34,8 +34,10 @@ import decode_serving  # noqa: E402
 
 common.quiet_tensorflow()
 
+# Translator.translate's batches in flight, as the command line runs it.
+from keras_transformer.decoding.defaults import DEFAULT_TRANSLATE_WORKERS as WORKERS  # noqa: E402
+
 DEFAULT_BATCH_SIZES = "64,128,256,512"
-WORKERS = 2  # Translator.translate's default
 
 
 def candidates(batch_sizes, onednn_by_default, threads=("cli",)):
@@ -46,7 +48,8 @@ def candidates(batch_sizes, onednn_by_default, threads=("cli",)):
 def label(candidate):
     size, kernels, pools = candidate
     # The command line's pools (the default) are not named, so labels read as they did before the option.
-    return f"batch_size {size}, {kernels} kernels" + (", TensorFlow's default thread pools" if pools == "default" else "")
+    pools_label = ", TensorFlow's default thread pools" if pools == "default" else ""
+    return f"batch_size {size}, {kernels} kernels{pools_label}"
 
 
 def time_once(candidate, model, sentences_file, output_path):
@@ -88,7 +91,8 @@ def main(argv=None):
     parser.add_argument("--precision", default="float32", help="the export's precision (default %(default)s)")
     parser.add_argument("--threads", default="cli",
                         help="TensorFlow's thread pools to time, comma-separated: cli (as the command line sets "
-                             "them) and/or default (TensorFlow's own); the first is the baseline's (default %(default)s)")
+                             "them) and/or default (TensorFlow's own); the first is the baseline's "
+                             "(default %(default)s)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
@@ -129,7 +133,8 @@ def main(argv=None):
     payload = {"benchmark": "translate_batching", "run_dir": args.run_dir, "source": args.source,
                "precision": args.precision if args.source == "export" else "the run's",
                "sentences": len(sources), "beam_size": decode_serving.BEAM_SIZE, "alpha": decode_serving.ALPHA,
-               "workers": WORKERS, "threads": list(threads), "rounds": args.rounds, "baseline": label(baseline), "machine": machine,
+               "workers": WORKERS, "threads": list(threads), "rounds": args.rounds, "baseline": label(baseline),
+               "machine": machine,
                "results": results,
                "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras"])}
     common.write_json(args.json, payload)

@@ -24,12 +24,13 @@ def test_each_batch_in_flight_gets_its_share_of_the_cores():
 def test_pools_set_by_the_environment_are_kept(monkeypatch):
     import tensorflow as tf
 
-    before = tf.config.threading.get_intra_op_parallelism_threads(), tf.config.threading.get_inter_op_parallelism_threads()
+    threading = tf.config.threading
+    before = threading.get_intra_op_parallelism_threads(), threading.get_inter_op_parallelism_threads()
     for name in threads.THREAD_ENVIRONMENT:
         monkeypatch.setenv(name, "3")
         assert threads.set_pools_for(2) is None
         monkeypatch.delenv(name)
-    after = tf.config.threading.get_intra_op_parallelism_threads(), tf.config.threading.get_inter_op_parallelism_threads()
+    after = threading.get_intra_op_parallelism_threads(), threading.get_inter_op_parallelism_threads()
     assert after == before
 
 
