@@ -21,17 +21,29 @@ def test_each_batch_in_flight_gets_its_share_of_the_cores():
             threads.pools_for(workers, cores=2)
 
 
-def test_pools_set_by_the_environment_are_kept(monkeypatch):
+def _recorded_pool_settings(monkeypatch):
+    """TensorFlow's two pool setters replaced by a record of their calls (whether or not its runtime has started)."""
     import tensorflow as tf
 
-    threading = tf.config.threading
-    before = threading.get_intra_op_parallelism_threads(), threading.get_inter_op_parallelism_threads()
+    calls = []
+    monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads", lambda n: calls.append(("intra", n)))
+    monkeypatch.setattr(tf.config.threading, "set_inter_op_parallelism_threads", lambda n: calls.append(("inter", n)))
+    return calls
+
+
+def test_pools_set_by_the_environment_are_kept(monkeypatch):
+    calls = _recorded_pool_settings(monkeypatch)
+    for name in threads.THREAD_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
     for name in threads.THREAD_ENVIRONMENT:
         monkeypatch.setenv(name, "3")
         assert threads.set_pools_for(2) is None
         monkeypatch.delenv(name)
-    after = threading.get_intra_op_parallelism_threads(), threading.get_inter_op_parallelism_threads()
-    assert after == before
+    assert calls == []
+    # Without them, the same call sets both pools.
+    intra, inter = threads.pools_for(2)
+    assert threads.set_pools_for(2) == (intra, inter)
+    assert calls == [("intra", intra), ("inter", inter)]
 
 
 def test_pools_of_a_running_tensorflow_are_left_as_they_are(monkeypatch):
