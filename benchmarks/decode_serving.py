@@ -7,7 +7,10 @@ package) translated by the trained demo model (`RUN_DIR`, default
 
 * ours: the run exported with `export_saved_model(..., beam_size=4,
   alpha=0.6, dtype=...)`, loaded with only tensorflow and tensorflow_text,
-  sentences sent in file order: "ours float32" and "ours bfloat16" (what
+  the sentences sent in requests as `SavedModelTranslator.translate` batches
+  them (sorted by length, each round of requests in flight dealt sentences
+  of the same lengths; `--client file`: in file order, as before):
+  "ours float32" and "ours bfloat16" (what
   `--precision auto` exports on a CPU with AVX512_BF16 / AMX-BF16), and
   "ours bfloat16 k_finished", the same with `early_stopping="k_finished"`
   (not the default: it shows what the exact stopping rule costs), in
@@ -177,26 +180,57 @@ def _ours_label(candidate):
     return f"{request_size} per request, {concurrency} in flight{threads}, {kernels} kernels"
 
 
-def _ours_args(candidate, path):
+def request_plans(work_dir, sentences, client="translate"):
+    """How the client cuts `sentences` into requests: `plan(request_size, concurrency)` -> `serving_worker.py`'s REQUESTS.
+
+    "translate": as `SavedModelTranslator.translate` batches them
+    (`even_batches` of the sentences longest first: each round of
+    `concurrency` requests is dealt sentences of the same lengths), written
+    to a JSON file in `work_dir`; "file": `request_size` per request in file
+    order, as this benchmark sent them before (see the benchmark README).
+    """
+    if client == "file":
+        return lambda request_size, concurrency: request_size
+    if client != "translate":
+        raise ValueError(f"client must be 'translate' or 'file', got {client!r}")
+    from keras_transformer.inference.translator import even_batches, length_order
+
+    order = length_order(sentences)
+
+    def plan(request_size, concurrency):
+        path = os.path.join(work_dir, f"requests_{request_size}x{concurrency}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump([batch.tolist() for batch in even_batches(order, request_size, concurrency)], f)
+        return path
+
+    return plan
+
+
+def _ours_args(candidate, path, plan=None):
+    """`serving_worker.py savedmodel` arguments; `plan` (`request_plans`) makes the requests (default: file order)."""
     request_size, concurrency, intra, inter, kernels = candidate
-    return ["savedmodel", path, request_size, concurrency, intra or "default", inter or "default", kernels]
+    requests = plan(request_size, concurrency) if plan else request_size
+    return ["savedmodel", path, requests, concurrency, intra or "default", inter or "default", kernels]
 
 
-def systems_to_time(paths, sentences_file, only, precisions=("float32", "bfloat16"), passes=2):
-    """The systems in their best settings (`passes` tuning passes per setting): `[(name, worker args, tuning)]`."""
+def systems_to_time(paths, sentences_file, only, precisions=("float32", "bfloat16"), passes=2, plan=None):
+    """The systems in their best settings (`passes` tuning passes per setting): `[(name, worker args, tuning)]`.
+
+    `plan`: how our requests are made (`request_plans`; default file order).
+    """
     chosen = []
     candidates = ours_candidates()
     for precision in precisions:
         name = f"ours {precision}"
         if only and only not in name:
             continue
-        args = lambda c, p=precision: _ours_args(c, paths[p])  # noqa: E731
+        args = lambda c, p=precision: _ours_args(c, paths[p], plan)  # noqa: E731
         best, tried = best_setting(name, candidates, args, sentences_file, passes)
         setting = dict(request_size=best[0], concurrency=best[1], intra_op_threads=best[2] or "default",
                        inter_op_threads=best[3] or "default", kernels=best[4])
         chosen.append((name, args(best), dict(setting=setting, tuning={_ours_label(c): s for c, s in tried.items()})))
         if precision == "bfloat16":  # the same export with k_finished stopping, in the same setting
-            chosen.append((f"{name} k_finished", _ours_args(best, paths["bfloat16 k_finished"]),
+            chosen.append((f"{name} k_finished", _ours_args(best, paths["bfloat16 k_finished"], plan),
                            dict(setting=setting, early_stopping="k_finished")))
     for compute_type in ("float32", "int8"):
         name = f"ctranslate2 {compute_type}"
@@ -234,6 +268,9 @@ def main(argv=None):
                              "k_finished stopping)")
     parser.add_argument("--tuning-passes", type=int, default=2,
                         help="passes over the file per candidate setting, the fastest kept (default %(default)s)")
+    parser.add_argument("--client", choices=("translate", "file"), default="translate",
+                        help="how our requests are made: as `SavedModelTranslator.translate` batches the sentences "
+                             "(default), or in file order (`request_plans`)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.tuning_passes < 1:
@@ -250,7 +287,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="decode_serving_") as work_dir:
         sentences_file = write_sentences_file(work_dir, sources)
         paths = prepare_models(args.run_dir, work_dir, precisions)
-        chosen = systems_to_time(paths, sentences_file, args.only, precisions, args.tuning_passes)
+        chosen = systems_to_time(paths, sentences_file, args.only, precisions, args.tuning_passes,
+                                 request_plans(work_dir, sources, args.client))
         workers = {}
 
         def setup(name, worker_args):
@@ -284,6 +322,7 @@ def main(argv=None):
                                  "same as ours fp32"], rows))
     payload = {"benchmark": "decode_serving", "run_dir": args.run_dir, "sentences": len(sources),
                "beam_size": BEAM_SIZE, "alpha": ALPHA, "repeats": args.repeats, "tuning_passes": args.tuning_passes,
+               "client": args.client,
                "machine": machine,
                "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"]),
                "results": common.results_payload(results, ["sentences"]), "quality": quality,

@@ -1,12 +1,14 @@
 """One translation engine in its own process, timed on command (`decode_serving.py` drives it).
 
-    python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUEST_SIZE CONCURRENCY [INTRA INTER [KERNELS]]
+    python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUESTS CONCURRENCY [INTRA INTER [KERNELS]]
     python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA COMPUTE_TYPE [GEMM]
     python benchmarks/serving_worker.py translator MODEL SENTENCES_FILE BATCH_SIZE WORKERS [KERNELS [THREADS]]
 
 "savedmodel" imports only tensorflow and tensorflow_text, as a model server
-would: it sends the sentences in file order, REQUEST_SIZE per call of the
-`serving_default` signature, CONCURRENCY calls in flight; INTRA and INTER set
+would: it sends the sentences to the `serving_default` signature,
+CONCURRENCY calls in flight, as REQUESTS says: a number, that many per call
+in file order; or a JSON file listing each call's sentences (line indices),
+as the driver plans them (`decode_serving.request_plans`); INTRA and INTER set
 TensorFlow's intra-op and inter-op thread pools (TF Serving's
 `--tensorflow_intra_op_parallelism` and `--tensorflow_inter_op_parallelism`),
 "default" (or absent) TensorFlow's own (one thread per core in each).
@@ -53,7 +55,7 @@ def _choose_kernels(kernels):
         raise ValueError(f"kernels must be 'default' or 'onednn', got {kernels!r}")
 
 
-def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra="default", inter="default",
+def savedmodel_engine(export_dir, sentences, requests, concurrency, intra="default", inter="default",
                       kernels="default"):
     _choose_kernels(kernels)
     import tensorflow as tf
@@ -64,16 +66,33 @@ def savedmodel_engine(export_dir, sentences, request_size, concurrency, intra="d
         tf.config.threading.set_inter_op_parallelism_threads(int(inter))
 
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-    requests = [sentences[i : i + int(request_size)] for i in range(0, len(sentences), int(request_size))]
+    requests = _requests(requests, len(sentences))
     pool = concurrent.futures.ThreadPoolExecutor(int(concurrency))
 
-    def one(request):
-        return [t.decode("utf-8") for t in serve(inputs=tf.constant(request))["translations"].numpy()]
+    def one(rows):
+        request = tf.constant([sentences[row] for row in rows])
+        return [t.decode("utf-8") for t in serve(inputs=request)["translations"].numpy()]
 
     def translate():
-        return [t for out in pool.map(one, requests) for t in out]
+        output = [None] * len(sentences)
+        for rows, texts in zip(requests, pool.map(one, requests)):
+            for row, text in zip(rows, texts):
+                output[row] = text
+        return output
 
     return translate
+
+
+def _requests(requests, count):
+    """Each request's sentence rows: REQUESTS a number (that many per request, in file order) or a plan's path."""
+    if str(requests).isdigit():
+        size = int(requests)
+        return [range(i, min(i + size, count)) for i in range(0, count, size)]
+    with open(requests, encoding="utf-8") as f:
+        plan = json.load(f)
+    if sorted(row for rows in plan for row in rows) != list(range(count)):
+        raise ValueError(f"{requests} must list each of the {count} sentences' rows once")
+    return plan
 
 
 def translator_engine(model, sentences, batch_size, workers, kernels="default", threads="cli"):

@@ -127,6 +127,35 @@ def test_savedmodel_also_tries_onednn_on_cpus_where_it_is_not_tensorflows_defaul
         serving_worker.savedmodel_engine("/x", ["a"], 1, 1, kernels="mkl")
 
 
+def test_serving_requests_are_planned_as_translate_batches_and_answers_kept_in_file_order(tmp_path):
+    """`--client translate` sends `even_batches` of the length order; the worker puts each answer in its row."""
+    sentences = ["a", "bbbbb", "cc", "dddd", "eee", "ffffff"]  # longest first: rows 5, 1, 3, 4, 2, 0
+    plan = decode_serving.request_plans(str(tmp_path), sentences)
+    with open(plan(3, 2), encoding="utf-8") as f:
+        assert json.load(f) == [[5, 3, 2], [1, 4, 0]]  # one round, dealt: each request gets long and short ones
+    assert decode_serving._ours_args((3, 2, 1, 2, "default"), "/x", plan)[2] == str(tmp_path / "requests_3x2.json")
+    assert decode_serving.request_plans(str(tmp_path), sentences, "file")(3, 2) == 3
+    with pytest.raises(ValueError, match="client must be"):
+        decode_serving.request_plans(str(tmp_path), sentences, "sorted")
+
+    import serving_worker
+    import tensorflow as tf
+
+    class Upper(tf.Module):  # a SavedModel whose "translation" of a sentence is the sentence upper-cased
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, inputs):
+            return {"translations": tf.strings.upper(inputs)}
+
+    module = Upper()
+    tf.saved_model.save(module, str(tmp_path / "upper"), signatures={"serving_default": module.serve})
+    for requests in (plan(3, 2), "4"):  # a plan, and 4 per request in file order
+        translate = serving_worker.savedmodel_engine(str(tmp_path / "upper"), sentences, requests, 2)
+        assert translate() == [s.upper() for s in sentences]
+    (tmp_path / "short.json").write_text("[[0, 1], [2, 3]]")
+    with pytest.raises(ValueError, match="each of the 6 sentences' rows once"):
+        serving_worker.savedmodel_engine(str(tmp_path / "upper"), sentences, str(tmp_path / "short.json"), 2)
+
+
 def test_serving_tuning_keeps_each_setting_s_fastest_pass(monkeypatch):
     """One slow pass of a setting (a neighbour's burst on a shared machine) must not decide the best setting."""
     passes = {"a": iter([3.4, 3.0]), "b": iter([3.2, 3.3])}

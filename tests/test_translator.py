@@ -123,11 +123,11 @@ def test_concurrent_batches_give_the_same_translations_in_order(translator):
 
 
 def test_batches_are_even_and_keep_every_worker_busy():
-    from keras_transformer.inference.translator import _even_batches
+    from keras_transformer.inference.translator import even_batches
 
     def sizes(count, batch_size, workers):
-        batches = _even_batches(np.arange(count), batch_size, workers)
-        assert np.array_equal(np.concatenate(batches) if batches else np.arange(0), np.arange(count))
+        batches = even_batches(np.arange(count), batch_size, workers)
+        assert np.array_equal(np.sort(np.concatenate(batches)) if batches else np.arange(0), np.arange(count))
         return [len(batch) for batch in batches]
 
     assert sizes(600, 512, 2) == [300, 300]  # not 512 and 88
@@ -136,6 +136,17 @@ def test_batches_are_even_and_keep_every_worker_busy():
     assert sizes(100, 512, 2) == [100]  # one batch: no split
     assert sizes(3, 2, 4) == [1, 1, 1]  # never an empty batch
     assert sizes(0, 64, 2) == []
+
+
+def test_each_round_of_batches_is_dealt_the_same_lengths():
+    from keras_transformer.inference.translator import even_batches
+
+    order = np.arange(100, 110)  # sentence indices, longest first
+    # Two workers, one round: the sentences are dealt in turn, so both get long and short ones.
+    assert [list(b) for b in even_batches(order, 5, 2)] == [[100, 102, 104, 106, 108], [101, 103, 105, 107, 109]]
+    # Two rounds: the longest six first, each round dealt to the two batches of its round.
+    assert [list(b) for b in even_batches(order, 3, 2)] == [[100, 102, 104], [101, 103, 105], [106, 108], [107, 109]]
+    assert [list(b) for b in even_batches(order, 4, 1)] == [[100, 101, 102, 103], [104, 105, 106], [107, 108, 109]]
 
 
 def test_first_calls_of_concurrent_workers_trace_once(tokenizer):
