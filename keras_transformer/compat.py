@@ -37,6 +37,19 @@ def runs_with_xla_semantics():
     return not tf.executing_eagerly() and graph_is_compiled_by_xla()
 
 
+def onednn_kernels_enabled():
+    """Whether this TensorFlow runs oneDNN's kernels (`TF_ENABLE_ONEDNN_OPTS`, or its default for the CPU).
+
+    TensorFlow has no public predicate for it. `LayerNormalization` writes
+    its inference form as the graph that TensorFlow's oneDNN rewrite fuses
+    into one layer-norm kernel only where that rewrite runs: elsewhere the
+    same graph runs an unfused batch norm, slower than its plain form.
+    """
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def gradient_may_be_recorded():
     """Whether a gradient tape records the ops being built here (eagerly, or while a function is traced).
 

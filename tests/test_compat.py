@@ -55,6 +55,19 @@ def test_runs_with_xla_semantics():
     assert seen == {"plain": False, "xla": True, "eager": False}
 
 
+def test_onednn_kernels_enabled_follows_tf_enable_onednn_opts():
+    import os
+    import subprocess
+    import sys
+
+    probe = "from keras_transformer import compat; print(compat.onednn_kernels_enabled())"
+    for setting, expected in (("0", "False"), ("1", "True")):
+        environ = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting, TF_CPP_MIN_LOG_LEVEL="3")
+        output = subprocess.run([sys.executable, "-c", probe], env=environ, capture_output=True, text=True, check=True)
+        assert output.stdout.split()[-1] == expected
+    assert isinstance(compat.onednn_kernels_enabled(), bool)
+
+
 def test_gradient_may_be_recorded():
     seen = []
 

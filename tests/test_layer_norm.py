@@ -90,3 +90,68 @@ def test_serializes_as_itself():
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is LayerNormalization
     assert restored.get_config() == layer.get_config()
+
+
+def _graph_op_types(fn, spec):
+    return {op.type for op in tf.function(fn).get_concrete_function(spec).graph.get_operations()}
+
+
+def test_inference_form_is_used_only_in_graphs_without_gradients_where_onednn_fuses_it():
+    from keras_transformer import compat
+
+    layer, reference = _pair((2, 3, 16))
+    spec = tf.TensorSpec([None, None, 16], tf.float32)
+    fused = compat.onednn_kernels_enabled()
+    assert ("FusedBatchNormV3" in _graph_op_types(lambda x: layer(x, training=False), spec)) == fused
+    assert "FusedBatchNormV3" not in _graph_op_types(lambda x: layer(x, training=True), spec)
+
+    def value_and_gradient(x):  # inference mode, but under a tape: the closed form and its gradient
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=False)
+        return y, tape.gradient(y, x, output_gradients=tf.ones_like(y) * tf.range(16, dtype=tf.float32))
+
+    assert "FusedBatchNormV3" not in _graph_op_types(value_and_gradient, spec)
+    x = np.random.default_rng(5).standard_normal((2, 3, 16)).astype("float32") * 4 + 2
+    got = tf.function(value_and_gradient)(tf.constant(x))
+    want = _value_and_gradients(reference, x, np.broadcast_to(np.arange(16, dtype="float32"), x.shape))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "mixed_bfloat16"])
+def test_served_inference_runs_one_fused_kernel_with_the_closed_form_s_results(tmp_path, dtype):
+    """As TF Serving runs an export (a session over the SavedModel's graph): with oneDNN, one `_MklLayerNorm` per
+    layer norm and none of the closed form's ops; the results those of the closed form in float32 statistics."""
+    from keras_transformer import compat
+
+    layer, _ = _pair((4, 3, 16), dtype=dtype)
+    module = tf.Module()
+    module.weights = [weight.value for weight in layer.weights]  # the tf.Variables, for the SavedModel to restore
+    module.serve = tf.function(lambda x: {"y": tf.cast(layer(x, training=False), tf.float32)},
+                               input_signature=[tf.TensorSpec([None, None, 16], layer.compute_dtype)])
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
+    rng = np.random.default_rng(6)
+    # A large offset and a small spread per row: float32 statistics keep the spread, bfloat16 sums would not.
+    values = (30.0 + rng.standard_normal((4, 3, 16)) * rng.uniform(0.5, 4, (4, 3, 1))).astype("float32")
+    x = np.asarray(tf.cast(tf.cast(values, layer.compute_dtype), tf.float32))  # what the layer is given
+
+    graph = tf.Graph()
+    with tf.compat.v1.Session(graph=graph) as session:
+        signature = tf.compat.v1.saved_model.load(session, ["serve"], str(tmp_path)).signature_def["serving_default"]
+        metadata = tf.compat.v1.RunMetadata()
+        feed = x.astype(tf.as_dtype(layer.compute_dtype).as_numpy_dtype)
+        y = session.run(signature.outputs["y"].name, {signature.inputs["x"].name: feed},
+                        options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                        run_metadata=metadata)
+    ran = {node.timeline_label.split("=", 1)[-1].split("(")[0].strip()
+           for device in metadata.step_stats.dev_stats for node in device.node_stats if "=" in node.timeline_label}
+    if compat.onednn_kernels_enabled():
+        assert "_MklLayerNorm" in ran and not ran & {"Mean", "Rsqrt", "FusedBatchNormV3"}
+    else:
+        assert "_MklLayerNorm" not in ran and "Mean" in ran
+    centered = x - x.mean(axis=-1, keepdims=True)
+    gamma, beta = (np.asarray(tf.cast(w, tf.float32)) for w in (layer.gamma, layer.beta))
+    want = centered / np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + 1e-6) * gamma + beta
+    tolerance = 1e-4 if dtype == "float32" else 1e-2  # bfloat16: one rounding of the output
+    np.testing.assert_allclose(y, want, rtol=tolerance, atol=tolerance)
