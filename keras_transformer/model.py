@@ -235,7 +235,7 @@ class Transformer(keras.Model):
         """The logits `[..., vocab_size]` of `decode_step(..., project=False)`'s output (§3.4's projection).
 
         In float32, or in `dtype`; None keeps the compute dtype (the search
-        takes bfloat16 logits as they are, see `decoding.candidates`).
+        takes bfloat16 logits as they are, see `top_allowed_tokens`).
         """
         return self._logits(decoder_output, dtype, transposed_kernel=cache.get("shared", {}).get("output_kernel"))
 

@@ -501,16 +501,16 @@ def test_top_allowed_tokens_of_bfloat16_logits_match_float32():
 def test_bfloat16_search_takes_its_logits_in_bfloat16(monkeypatch):
     """In a plain graph a bfloat16 model's beam search projects to bfloat16 logits and searches them as they are;
     each sentence decodes in a batch as it does alone."""
-    from keras_transformer.decoding import candidates
+    from keras_transformer.decoding import tokens
 
     seen = []
-    original = candidates._sentence_candidates
+    original = tokens.strided_top_k
 
-    def spy(rows, *args):
-        seen.append(rows.dtype)
-        return original(rows, *args)
+    def spy(x, k):
+        seen.append(x.dtype)
+        return original(x, k)
 
-    monkeypatch.setattr(candidates, "_sentence_candidates", spy)
+    monkeypatch.setattr(tokens, "strided_top_k", spy)
     model = tiny_model(1200)  # a vocabulary large enough for blocks (`block_size`)
     bf16 = Transformer(model.config, dtype="bfloat16")
     bf16.set_weights(model.get_weights())
@@ -657,15 +657,15 @@ def test_k_finished_stopping_projects_every_hypothesis():
 class RandomTableModel(ProjectionCountingModel):
     """`ProjectionCountingModel` with a random, peaked table `P(next | previous, step)`, redrawn by `draw(seed)`."""
 
-    vocab_size, positions = 8, 64
+    vocab_size = 8
 
     def __init__(self):
         super().__init__()
-        self.table = tf.Variable(tf.zeros([self.vocab_size, self.positions, self.vocab_size]))
+        self.table = tf.Variable(tf.zeros([self.vocab_size, 64, self.vocab_size]))
 
     def draw(self, seed):
         rng = np.random.default_rng(seed)
-        probs = rng.dirichlet(np.full(self.vocab_size, 0.3), size=(self.vocab_size, self.positions)) + 1e-6
+        probs = rng.dirichlet(np.full(self.vocab_size, 0.3), size=(self.vocab_size, 64)) + 1e-6
         probs[..., EOS] += 0.15  # sentences end, at various lengths
         self.probs = probs / probs.sum(-1, keepdims=True)
         self.table.assign(np.log(self.probs).astype(np.float32))
@@ -685,42 +685,3 @@ def test_leaving_out_hypotheses_never_changes_a_search(return_all, alpha):
         np.testing.assert_array_equal(ids.numpy(), reference_ids.numpy(), err_msg=f"seed {seed}")
         np.testing.assert_allclose(scores.numpy(), reference_scores.numpy(), rtol=1e-5, err_msg=f"seed {seed}")
     assert int(model.projected_rows.numpy()) < int(model.decoded_rows.numpy())  # some were left out
-
-
-class LargeRandomTableModel(RandomTableModel):
-    """`RandomTableModel` with a vocabulary large enough for `candidates._sentence_candidates`' blocks."""
-
-    vocab_size, positions = 1100, 12
-
-
-@pytest.mark.parametrize("options", [dict(alpha=0.6), dict(alpha=1.0, return_all=True), dict(min_length=3),
-                                     dict(early_stopping="k_finished")])
-def test_candidates_per_sentence_give_the_search_of_candidates_per_hypothesis(monkeypatch, options):
-    """A plain graph's search over each sentence's K rows at once (`_sentence_candidates`) finds what the search
-    hypothesis by hypothesis (`_row_candidates`, as under XLA) finds, leaving out hopeless hypotheses alike."""
-    from keras_transformer.decoding import candidates
-
-    model = LargeRandomTableModel()
-    sources = padded([[7] * n for n in (1, 3, 6)])
-    options = dict(beam_size=4, max_length=10, **options)
-    searched = []
-    original = candidates._sentence_candidates
-
-    def spy(rows, *args):
-        searched.append(rows.shape[-1])
-        return original(rows, *args)
-
-    monkeypatch.setattr(candidates, "_sentence_candidates", spy)
-    per_sentence = make_decode_fn(model, "beam", **options)
-    model.draw(0)
-    per_sentence(sources)  # traced here, with blocks
-    with monkeypatch.context() as patch:
-        patch.setattr(candidates, "strided_blocks", lambda vocab_size, k: None)  # no blocks: hypothesis by hypothesis
-        per_hypothesis = make_decode_fn(model, "beam", **options)
-        for seed in range(4):
-            model.draw(seed)
-            expected = per_hypothesis(sources)
-            got = per_sentence(sources)
-            np.testing.assert_array_equal(got[0].numpy(), expected[0].numpy(), err_msg=f"seed {seed}")
-            np.testing.assert_array_equal(got[1].numpy(), expected[1].numpy(), err_msg=f"seed {seed}")
-    assert searched == [1100, 1100]  # traced once per function: step 0 and the loop's step

@@ -52,10 +52,7 @@ steps), and a mask lets it see only those slots. At step 0 the K hypotheses
 of a sentence are all the start token: in a plain graph that step computes
 one row per sentence and copies it K times; with exact stopping, alive
 hypotheses that can no longer change the result are not projected to the
-vocabulary (see `beam_search`). In a plain graph each sentence's best
-candidates are searched over its K hypotheses at once rather than
-hypothesis by hypothesis (`keras_transformer.decoding.candidates`).
-`use_cache=False` is the
+vocabulary (see `beam_search`). `use_cache=False` is the
 slow reference that reruns `model.decode` over the whole prefix at every
 step.
 

@@ -145,17 +145,27 @@ def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_
     """Steps 1-5 of `beam_search` at output position i, for the sentences in `beams` (`first`: i is 0)."""
     length = i + 1  # output length after this step
     alive_ids, alive_log_probs, limits = beams["alive_ids"], beams["alive_log_probs"], beams["limits"]
+    batch_size = tf.shape(alive_log_probs)[0]
 
-    # 1-2. Extend every alive hypothesis by every token and keep each
-    #    sentence's 2K best candidates: at most K end with EOS, so K can go on.
+    # 1. Extend every alive hypothesis by every token. Only the best 2K
+    #    tokens of each can be among the 2K best candidates of its
+    #    sentence, so only those are kept.
     #    Hypotheses that can no longer change the result get no candidates
     #    (`_can_change_result`): a plain graph does not project them.
-    live = None
+    rows = None
     if step.can_select and early_stopping == "exact" and not first:
-        live = _can_change_result(beams, return_all)
-    top_log_probs, top_beams, top_tokens, model_state = step.top_candidates(
-        i, alive_ids, model_state, alive_log_probs, 2 * k, min_length, eos_id, first=first, live=live
-    )  # [B, 2K] each, best first
+        rows = _can_change_result(beams, return_all)
+    token_log_probs, tokens, model_state = step.top_tokens(i, alive_ids, model_state, 2 * k, min_length, eos_id,
+                                                           first=first, rows=rows)  # [B, K, C]
+    candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
+    per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller
+
+    # 2. The 2K best candidates: at most K end with EOS, so K can go on.
+    top_log_probs, top_flat = tf.math.top_k(
+        tf.reshape(candidate_log_probs, [batch_size, k * per_beam]), k=2 * k
+    )  # [B, 2K], sorted best first
+    top_beams = top_flat // per_beam  # [B, 2K]: the alive hypothesis each extends
+    top_tokens = tf.gather(tf.reshape(tokens, [batch_size, k * per_beam]), top_flat, batch_dims=1)  # [B, 2K]
     top_ids = tf.gather(alive_ids, top_beams, batch_dims=1)  # [B, 2K, L]
     top_ids = write_position(top_ids, i, top_tokens)
     ends = tf.equal(top_tokens, eos_id) | (length >= limits)[:, None]  # [B, 2K]

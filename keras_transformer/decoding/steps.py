@@ -6,7 +6,7 @@ V vocabulary, N heads, H per-head width.
 
 import tensorflow as tf
 
-from keras_transformer.decoding.candidates import top_candidates
+from keras_transformer.decoding.tokens import top_allowed_tokens, top_allowed_tokens_of_rows
 from keras_transformer.layers.attention import in_place_cache_writes
 
 class _CachedStep:
@@ -64,25 +64,26 @@ class _CachedStep:
                 vary(ancestry, batch_axis),
                 tf.nest.map_structure(lambda t: vary(t, batch_axis), sentences))
 
-    def top_candidates(self, i, token_ids, state, alive_log_probs, count, min_length, eos_id, first=False,
-                       live=None):
-        """`(scores, beams, tokens [B, count], state)`: `candidates.top_candidates` of step i (`first`: via `first`).
+    def top_tokens(self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None):
+        """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i (`first`: via `first`).
 
-        `live [B, K]`: only those hypotheses get candidates; with a model
-        that projects its decoder output on its own (`step_logits`), only
-        they are projected, to logits in its compute dtype (bfloat16 logits
-        are searched as they are).
+        `rows [B, K]`: only those hypotheses need candidates
+        (`top_allowed_tokens_of_rows`); with a model that projects its
+        decoder output on its own (`step_logits`), only they are projected,
+        to logits in its compute dtype (`top_allowed_tokens` takes bfloat16
+        logits as they are).
         """
         # `step_logits` reads the output matrix from the shared entries only.
         to_logits = None
         if hasattr(self.model, "step_logits"):
             def to_logits(hidden):
                 return self.model.step_logits(hidden, self.shared, dtype=None)
-        if first:  # searches its one row per sentence: every candidate extends hypothesis 0
+        if first:  # searches its one row per sentence, then copies the few candidates, not the logits
             logits, state = self.first(token_ids, state, to_logits=to_logits)  # [B, 1, V]
-            return (*top_candidates(logits, None, alive_log_probs[:, :1], count, i, min_length, eos_id), state)
+            log_probs, ids = _top_tokens(logits, None, rows, count, i, min_length, eos_id)  # [B, 1, C]
+            return tf.tile(log_probs, [1, self.beam_size, 1]), tf.tile(ids, [1, self.beam_size, 1]), state
         output, state = self(i, token_ids, state, project=to_logits is None)
-        return (*top_candidates(output, to_logits, alive_log_probs, count, i, min_length, eos_id, live), state)
+        return (*_top_tokens(output, to_logits, rows, count, i, min_length, eos_id), state)
 
     def __call__(self, i, token_ids, state, project=True):
         """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state).
@@ -142,8 +143,8 @@ class _CachedStep:
         At step 0 all K hypotheses of a sentence feed the start token at
         position 0, so their logits and cache rows are equal: one is computed,
         its cache rows copied K times (as CTranslate2 expands its beam after
-        the first step), and its logits returned once, for `top_candidates`
-        to search as hypothesis 0's. Only beam 0 is alive then
+        the first step), and its logits returned once, for `top_tokens` to
+        copy the candidates it picks from them. Only beam 0 is alive then
         (`_initial_beams`), so the other K - 1 rows could not change the
         result anyway. Needs the growing cache (`has_first`).
         """
@@ -198,11 +199,10 @@ class _UncachedStep:
         vocab_size = logits.shape[-1] if logits.shape[-1] is not None else tf.shape(logits)[-1]
         return tf.reshape(logits, [batch, k, vocab_size]), state
 
-    def top_candidates(self, i, token_ids, state, alive_log_probs, count, min_length, eos_id, first=False,
-                       live=None):
-        """`(scores, beams, tokens [B, count], state)`: `candidates.top_candidates` of step i's logits."""
+    def top_tokens(self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None):
+        """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i's logits (`rows`: see `_CachedStep`)."""
         logits, state = self(i, token_ids, state)
-        return (*top_candidates(logits, None, alive_log_probs, count, i, min_length, eos_id, live), state)
+        return (*_top_tokens(logits, None, rows, count, i, min_length, eos_id), state)
 
     @staticmethod
     def reorder(state, parents):
@@ -212,6 +212,14 @@ class _UncachedStep:
 def _projection_option(project):
     """`decode_step`'s keyword for `project`: none when projecting, so stand-ins without it still work."""
     return {} if project else {"project": False}
+
+
+def _top_tokens(output, to_logits, rows, count, i, min_length, eos_id):
+    """`top_allowed_tokens` of a step's logits (`to_logits` None) or decoder output, for `rows` only if given."""
+    to_logits = to_logits or (lambda logits: logits)
+    if rows is None:
+        return top_allowed_tokens(to_logits(output), count, i, min_length, eos_id)
+    return top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id)
 
 
 def make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=1):

@@ -76,6 +76,24 @@ def top_allowed_tokens(logits, count, i, min_length, eos_id):
     return values, tf.gather(ids, keep, batch_dims=2)
 
 
+def top_allowed_tokens_of_rows(values, to_logits, rows, count, i, min_length, eos_id):
+    """`top_allowed_tokens(to_logits(values), ...)` for the hypotheses where `rows [B, K]` holds only.
+
+    `values [B, K, X]` are what `to_logits` maps to logits `[..., V]` (the
+    decoder output, or the logits themselves). The other hypotheses get no
+    candidates: log-probability `NEG_INF` and token pad, for all C. Only the
+    selected rows are projected and searched.
+    """
+    batch, beams = tf.shape(rows)[0], tf.shape(rows)[1]
+    which = tf.where(tf.reshape(rows, [-1]))  # [R', 1]
+    picked = tf.gather_nd(tf.reshape(values, [batch * beams, tf.shape(values)[-1]]), which)  # [R', X]
+    log_probs, ids = top_allowed_tokens(to_logits(picked[:, None]), count, i, min_length, eos_id)  # [R', 1, C]
+    shape = tf.stack([batch * beams, tf.shape(ids)[-1]])  # [B*K, C]
+    log_probs = tf.tensor_scatter_nd_update(tf.fill(shape, NEG_INF), which, log_probs[:, 0])
+    ids = tf.tensor_scatter_nd_update(tf.fill(shape, PAD_ID), which, ids[:, 0])
+    return tf.reshape(log_probs, [batch, beams, -1]), tf.reshape(ids, [batch, beams, -1])
+
+
 def _log_normalizer(logits, best_logit, best_id):
     """`logsumexp(logits)` over the last axis, from one softmax: `[R, K, 1]`.
 
