@@ -29,12 +29,12 @@ common.quiet_tensorflow()
 class ServedExport:
     """One export loaded in its own graph and session, as TF Serving runs it: `run()` serves the request."""
 
-    def __init__(self, export_dir, sentences):
+    def __init__(self, export_dir, sentences, threads=2):
         import tensorflow as tf
         import tensorflow_text  # noqa: F401
 
         self.graph = tf.Graph()
-        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=threads)
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
         with self.graph.as_default():
             signature = tf.compat.v1.saved_model.load(self.session, ["serve"], export_dir).signature_def[
@@ -88,10 +88,15 @@ def main(argv=None):
     parser.add_argument("--sentences", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=1, help="timed requests per export, alternating; median")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="TensorFlow's intra-op and inter-op threads (default 2; 1 as each of decode_serving.py's "
+                             "requests in flight runs)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     from keras_transformer.data import corpora
 
     sentences = corpora.read_lines("test2016", "en")[: args.sentences]
@@ -99,7 +104,7 @@ def main(argv=None):
     with contextlib.ExitStack() as stack:
         served = {}
         for name, export_dir in exports.items():
-            served[name] = ServedExport(export_dir, sentences)
+            served[name] = ServedExport(export_dir, sentences, args.threads)
             stack.callback(served[name].close)
         seconds = {name: [] for name in served}
         for _ in range(args.rounds):
@@ -113,6 +118,7 @@ def main(argv=None):
         print(common.markdown_table(["op", "ms", "share", "runs"], [
             [o["op"], o["ms"], f"{100 * o['share']:.1f}%", o["runs"]] for o in profiles[name]["top_ops"]]))
     common.write_json(args.json, {"benchmark": "profile_serving", "sentences": len(sentences), "rounds": args.rounds,
+                                  "threads": args.threads,
                                   "machine": common.machine_info(), "profiles": profiles,
                                   "versions": common.package_versions(["tensorflow", "tensorflow-text"])})
 
