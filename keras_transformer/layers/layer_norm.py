@@ -9,7 +9,9 @@ backward pass of 24 math ops (Mul, Sum, Tile, RealDiv, ...); with the closed for
     dx    = (g - mean(g) - x_hat * mean(g * x_hat)) / sqrt(var + epsilon),   g = dy * gamma
 
 it is 11, gamma's and beta's gradients included. The forward pass is the
-same formula as Keras'.
+same formula as Keras'. At inference in a TensorFlow graph with oneDNN's
+kernels (a decoding step runs nine layer norms), it is written so that
+TensorFlow fuses it into one kernel (`_fused_inference_form`).
 """
 
 import keras
@@ -89,6 +91,10 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
     Call arguments:
         inputs: `[..., D]`.
+        training: falsy at inference; then, in a TensorFlow graph with
+            oneDNN's kernels and no gradient recorded, one fused kernel
+            computes it (`_fused_inference_form`), with the same results up
+            to rounding.
 
     Example:
     >>> layer = LayerNormalization(epsilon=1e-6)
