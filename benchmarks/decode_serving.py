@@ -98,7 +98,7 @@ def ours_candidates(onednn_by_default=None):
 def tensorflow_uses_onednn_by_default():
     """Whether TensorFlow, with `TF_ENABLE_ONEDNN_OPTS` unset, runs oneDNN's kernels on this CPU (asked in a fresh
     process: the variable is read once, when TensorFlow loads)."""
-    probe = "from tensorflow.python.util import _pywrap_util_port as p; print(p.IsMklEnabled())"
+    probe = "from keras_transformer import compat; print(compat.onednn_kernels_enabled())"
     environ = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
     output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                             env=dict(environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout.split()
