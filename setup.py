@@ -47,7 +47,13 @@ setup(
     ],
     extras_require={
         # CTranslate2 (42 MB) runs the export_ctranslate2 tests; keras-hub and torch stay in "bench".
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "tensorflow-serving-api~=2.21.0", "ctranslate2==4.8.5"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",
+            "ruff==0.17.6",
+            "tensorflow-serving-api~=2.21.0",
+            "ctranslate2==4.8.5",
+        ],
         "bench": ["keras-hub==0.32.0", "ctranslate2==4.8.5", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["keras-transformer=keras_transformer.cli:main"]},

@@ -31,7 +31,6 @@ the rows show `ru_maxrss` after the system's runs instead.
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import gc
 import json
@@ -43,7 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,22 +70,22 @@ class System:
     """
 
     name: str
-    setup: Callable[[], Callable[[], Dict[str, float]]]
-    baseline: Optional[str] = None
+    setup: Callable[[], Callable[[], dict[str, float]]]
+    baseline: str | None = None
     info: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
 class Result:
     name: str
-    baseline: Optional[str]
+    baseline: str | None
     info: dict
     setup_seconds: float = 0.0
     setup_rss_mb: float = 0.0
     peak_rss_mb: float = 0.0
-    seconds: List[float] = dataclasses.field(default_factory=list)
-    amounts: List[Dict[str, float]] = dataclasses.field(default_factory=list)
-    skipped: Optional[str] = None
+    seconds: list[float] = dataclasses.field(default_factory=list)
+    amounts: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    skipped: str | None = None
 
     def rates(self, unit):
         return [a[unit] / s for a, s in zip(self.amounts, self.seconds) if s > 0]
@@ -210,7 +209,7 @@ def json_from_process(command, label, env=None):
     return json.loads(lines[-1])
 
 
-def run_alternating(systems: List[System], repeats: int) -> List[Result]:
+def run_alternating(systems: list[System], repeats: int) -> list[Result]:
     """Sets up every system, then times `repeats` rounds of alternating runs.
 
     Each round starts one system later than the one before (A B C, B C A,
@@ -242,7 +241,7 @@ def run_alternating(systems: List[System], repeats: int) -> List[Result]:
 
     for round_index in range(repeats):
         shift = round_index % max(len(systems), 1)
-        for result, runner in (list(zip(results, runners))[shift:] + list(zip(results, runners))[:shift]):
+        for result, runner in list(zip(results, runners))[shift:] + list(zip(results, runners))[:shift]:
             if runner is None:
                 continue
             gc.collect()
@@ -266,7 +265,7 @@ def median(values):
 # Reporting ---------------------------------------------------------------------------
 
 
-def paired_ratios(results: List[Result], baseline: str, unit: str = "tokens"):
+def paired_ratios(results: list[Result], baseline: str, unit: str = "tokens"):
     """`{name: median over rounds of (its rate / the baseline's rate in the same round)}`.
 
     Runs alternate, so a round's runs share the machine's state of that moment; their ratio cancels its drift.
@@ -279,7 +278,7 @@ def paired_ratios(results: List[Result], baseline: str, unit: str = "tokens"):
     return ratios
 
 
-def ratio_to_baseline(results: List[Result], unit: str):
+def ratio_to_baseline(results: list[Result], unit: str):
     """`{name: median rate / median rate of its baseline}` (NaN if the baseline did not run)."""
     by_name = {r.name: r for r in results}
     ratios = {}
@@ -306,7 +305,7 @@ def markdown_table(headers, rows):
     return "\n".join(lines)
 
 
-def results_payload(results: List[Result], units: List[str]):
+def results_payload(results: list[Result], units: list[str]):
     payload = []
     ratios = {unit: ratio_to_baseline(results, unit) for unit in units}
     for r in results:
@@ -361,8 +360,11 @@ def code_version(root=None):
     """The commit the run measured, with "+dirty" when tracked files differ from it; None outside git."""
     root = ROOT if root is None else root
     try:
-        git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
-                                           check=True, timeout=30).stdout.strip()
+
+        def git(*args):
+            command = ["git", "-C", root, *args]
+            return subprocess.run(command, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
         commit = git("rev-parse", "HEAD")
         changed = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
@@ -395,7 +397,7 @@ def write_json(path, payload):
     log(f"wrote {path}")
 
 
-def plot_bars(path, results: List[Result], unit, title):
+def plot_bars(path, results: list[Result], unit, title):
     """Horizontal bar chart of median rates with min–max whiskers (needs matplotlib)."""
     if not path:
         return
@@ -430,7 +432,7 @@ def plot_bars(path, results: List[Result], unit, title):
     log(f"wrote {path}")
 
 
-def select(systems: List[System], only: Optional[str]):
+def select(systems: list[System], only: str | None):
     """Keeps the systems whose name starts with one of the comma-separated prefixes in `only`."""
     if not only:
         return systems

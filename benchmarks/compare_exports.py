@@ -66,19 +66,26 @@ def compare(exports, split, limit, batch_size):
             "scores": corpus_scores(translations, references, lang="de"),
         }
         scores = reports[name]["scores"]
-        common.log(f"{name}: {seconds:.1f} s, BLEU {scores['bleu']:.2f} / tokenized {scores['tok_bleu']:.2f} / "
-                   f"chrF {scores['chrf']:.2f}, {same}/{len(sources)} translations as the first")
+        common.log(
+            f"{name}: {seconds:.1f} s, BLEU {scores['bleu']:.2f} / tokenized {scores['tok_bleu']:.2f} / "
+            f"chrF {scores['chrf']:.2f}, {same}/{len(sources)} translations as the first"
+        )
     return reports
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("exports", nargs="+", metavar="NAME=EXPORT_DIR", help="version directories; the first is "
-                                                                             "the reference")
+    parser.add_argument(
+        "exports", nargs="+", metavar="NAME=EXPORT_DIR", help="version directories; the first is the reference"
+    )
     parser.add_argument("--split", default="test2016", choices=("val", "test2016"), help="Multi30k split")
     parser.add_argument("--limit", type=int, default=None, help="only the first N sentences")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_TRANSLATE_BATCH_SIZE,
-                        help=f"sentences per request (default {DEFAULT_TRANSLATE_BATCH_SIZE}, as translate's)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_TRANSLATE_BATCH_SIZE,
+        help=f"sentences per request (default {DEFAULT_TRANSLATE_BATCH_SIZE}, as translate's)",
+    )
     parser.add_argument("--json", help="write the comparison here")
     args = parser.parse_args(argv)
     exports = {}
@@ -90,10 +97,11 @@ def main(argv=None):
     payload = {
         "benchmark": "compare_exports",
         "split": args.split,
-        "sentences": len(read_lines(args.split, "en")[:args.limit]),
+        "sentences": len(read_lines(args.split, "en")[: args.limit]),
         "machine": common.machine_info(),
-        "versions": common.package_versions(["keras-transformer", "tensorflow", "tensorflow-text", "sacrebleu",
-                                             "sacremoses"]),
+        "versions": common.package_versions(
+            ["keras-transformer", "tensorflow", "tensorflow-text", "sacrebleu", "sacremoses"]
+        ),
         "exports": compare(exports, args.split, args.limit, args.batch_size),
     }
     common.write_json(args.json, payload)

@@ -45,8 +45,20 @@ def read_run(run_dir, split="test2016"):
         "test2016": {key: scores[key] for key in ("bleu", "tok_bleu", "chrf", "bleu_signature", "tok_bleu_signature")},
         "test2016_as_reported_by_the_run": {key: report.get(key) for key in ("bleu", "tok_bleu", "chrf")},
         # What the demo (examples/train_multi30k.py) records about itself, where the run has it.
-        **{key: report[key] for key in ("command", "epochs", "decode_seconds", "wall_seconds", "peak_rss_mb",
-                                        "best_val_bleu", "machine", "training") if key in report},
+        **{
+            key: report[key]
+            for key in (
+                "command",
+                "epochs",
+                "decode_seconds",
+                "wall_seconds",
+                "peak_rss_mb",
+                "best_val_bleu",
+                "machine",
+                "training",
+            )
+            if key in report
+        },
     }
 
 
@@ -54,8 +66,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
     parser.add_argument("--json", help="write the comparison here")
-    parser.add_argument("--note", action="append", default=[], metavar="NAME=TEXT",
-                        help="how a run was made (its command and commit), recorded with it")
+    parser.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="NAME=TEXT",
+        help="how a run was made (its command and commit), recorded with it",
+    )
     args = parser.parse_args(argv)
     runs = {}
     for item in args.runs:
@@ -71,9 +88,11 @@ def main(argv=None):
         "runs": runs,
     }
     for name, run in runs.items():
-        print(f"{name}: {run['steps']} steps, final val loss {run['final_val_loss']:.4f}, test2016 "
-              f"BLEU {run['test2016']['bleu']:.2f} / tokenized {run['test2016']['tok_bleu']:.2f} / "
-              f"chrF {run['test2016']['chrf']:.2f}")
+        print(
+            f"{name}: {run['steps']} steps, final val loss {run['final_val_loss']:.4f}, test2016 "
+            f"BLEU {run['test2016']['bleu']:.2f} / tokenized {run['test2016']['tok_bleu']:.2f} / "
+            f"chrF {run['test2016']['chrf']:.2f}"
+        )
     common.write_json(args.json, payload)
     return payload
 

@@ -77,8 +77,10 @@ def time_step(dtype, jit_compile, args):
         return tf.cast(tf.constant(rng.normal(size=shape).astype("float32") * 0.05), dtype)
 
     # qkv, self output, cross query, cross output, ffn in, ffn out
-    layers = [(weight(d, 3 * d), weight(d, d), weight(d, d), weight(d, d), weight(d, f), weight(f, d))
-              for _ in range(args.layers)]
+    layers = [
+        (weight(d, 3 * d), weight(d, d), weight(d, d), weight(d, d), weight(d, f), weight(f, d))
+        for _ in range(args.layers)
+    ]
     output = weight(d, v)
 
     def step(x):
@@ -152,8 +154,9 @@ def main(argv=None):
         print(json.dumps({"ms_per_step": ms_per_step, "hlo": hlo}), flush=True)
         return
 
-    names = [name for name in variants()
-             if not args.only or any(name.startswith(p.strip()) for p in args.only.split(","))]
+    names = [
+        name for name in variants() if not args.only or any(name.startswith(p.strip()) for p in args.only.split(","))
+    ]
     worker_argv = [a for a in argv if not a.startswith("--json") and a != args.json]
     times, hlo = {name: [] for name in names}, {}
     for round_index in range(args.rounds):
@@ -168,24 +171,56 @@ def main(argv=None):
     for name in names:
         dtype, jit_compile, flags = variants()[name]
         median_ms = common.median(times[name])
-        ratios = ([b / t for t, b in zip(times[name], times[BASELINE])] if BASELINE in times else [])
-        results.append({"variant": name, "dtype": dtype, "xla": jit_compile, "xla_flags": flags,
-                        "ms_per_step": [round(t, 3) for t in times[name]], "median_ms_per_step": round(median_ms, 3),
-                        "gflops": round(flops / median_ms / 1e6, 1),
-                        "speed_vs_graph_bfloat16": round(common.median(ratios), 3) if ratios else None,
-                        "hlo": hlo[name]})
-    print(common.markdown_table(
-        ["variant", "XLA_FLAGS", "ms per step", "GFLOP/s", f"x {BASELINE}", "library fusions of the dots"],
-        [[r["variant"], r["xla_flags"] or "-", f"{r['median_ms_per_step']:.2f}", f"{r['gflops']:.0f}",
-          "-" if r["speed_vs_graph_bfloat16"] is None else f"{r['speed_vs_graph_bfloat16']:.2f}",
-          _fusions_cell(r["hlo"])] for r in results]))
-    common.write_json(args.json, {
-        "benchmark": "decode_matmul_bound",
-        "workload": {"rows": rows, "layers": args.layers, "d_model": args.d_model, "d_ff": args.d_ff,
-                     "vocab_size": args.vocab_size, "steps": args.steps, "repeats": args.repeats,
-                     "flops_per_step": flops},
-        "rounds": args.rounds, "results": results, "machine": common.machine_info(),
-        "versions": common.package_versions(["tensorflow", "keras"])})
+        ratios = [b / t for t, b in zip(times[name], times[BASELINE])] if BASELINE in times else []
+        results.append(
+            {
+                "variant": name,
+                "dtype": dtype,
+                "xla": jit_compile,
+                "xla_flags": flags,
+                "ms_per_step": [round(t, 3) for t in times[name]],
+                "median_ms_per_step": round(median_ms, 3),
+                "gflops": round(flops / median_ms / 1e6, 1),
+                "speed_vs_graph_bfloat16": round(common.median(ratios), 3) if ratios else None,
+                "hlo": hlo[name],
+            }
+        )
+    print(
+        common.markdown_table(
+            ["variant", "XLA_FLAGS", "ms per step", "GFLOP/s", f"x {BASELINE}", "library fusions of the dots"],
+            [
+                [
+                    r["variant"],
+                    r["xla_flags"] or "-",
+                    f"{r['median_ms_per_step']:.2f}",
+                    f"{r['gflops']:.0f}",
+                    "-" if r["speed_vs_graph_bfloat16"] is None else f"{r['speed_vs_graph_bfloat16']:.2f}",
+                    _fusions_cell(r["hlo"]),
+                ]
+                for r in results
+            ],
+        )
+    )
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "decode_matmul_bound",
+            "workload": {
+                "rows": rows,
+                "layers": args.layers,
+                "d_model": args.d_model,
+                "d_ff": args.d_ff,
+                "vocab_size": args.vocab_size,
+                "steps": args.steps,
+                "repeats": args.repeats,
+                "flops_per_step": flops,
+            },
+            "rounds": args.rounds,
+            "results": results,
+            "machine": common.machine_info(),
+            "versions": common.package_versions(["tensorflow", "keras"]),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import decoding  # noqa: E402
 from keras_transformer.data import corpora  # noqa: E402
-from keras_transformer.run_dir import load_run  # noqa: E402
 from keras_transformer.inference.translator import Translator  # noqa: E402
+from keras_transformer.run_dir import load_run  # noqa: E402
 
 MODES = {
     "cached": dict(use_cache=True, jit_compile=False),
@@ -40,15 +40,22 @@ MODES = {
 
 
 def source_batches(translator, sentences, batch_size):
-    return [translator.source_ids(tf.constant(sentences[i : i + batch_size]))
-            for i in range(0, len(sentences), batch_size)]
+    return [
+        translator.source_ids(tf.constant(sentences[i : i + batch_size])) for i in range(0, len(sentences), batch_size)
+    ]
 
 
 def time_mode(model, batches, mode, beam_size, alpha):
     options = MODES[mode]
-    decode = decoding.make_decode_fn(model, "beam", jit_compile=options["jit_compile"], beam_size=beam_size,
-                                     alpha=alpha, use_cache=options["use_cache"],
-                                     early_stopping=options.get("early_stopping", "exact"))
+    decode = decoding.make_decode_fn(
+        model,
+        "beam",
+        jit_compile=options["jit_compile"],
+        beam_size=beam_size,
+        alpha=alpha,
+        use_cache=options["use_cache"],
+        early_stopping=options.get("early_stopping", "exact"),
+    )
     for batch in batches:  # warm-up: traces (and compiles) every batch shape
         decode(batch)
     started = time.perf_counter()
@@ -58,8 +65,14 @@ def time_mode(model, batches, mode, beam_size, alpha):
         tokens += int(np.count_nonzero(token_ids.numpy()))
         sentences += int(batch.shape[0])
     seconds = time.perf_counter() - started
-    return dict(mode=mode, sentences=sentences, tokens=tokens, seconds=round(seconds, 2),
-                sentences_per_sec=round(sentences / seconds, 1), tokens_per_sec=round(tokens / seconds, 1))
+    return dict(
+        mode=mode,
+        sentences=sentences,
+        tokens=tokens,
+        seconds=round(seconds, 2),
+        sentences_per_sec=round(sentences / seconds, 1),
+        tokens_per_sec=round(tokens / seconds, 1),
+    )
 
 
 def main(argv=None):
@@ -70,8 +83,9 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6)
-    parser.add_argument("--modes", default="cached,cached-xla,uncached,uncached-xla",
-                        help=f"comma-separated, of: {', '.join(MODES)}")
+    parser.add_argument(
+        "--modes", default="cached,cached-xla,uncached,uncached-xla", help=f"comma-separated, of: {', '.join(MODES)}"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
 
@@ -87,8 +101,11 @@ def main(argv=None):
         batches = source_batches(translator, sentences[:count], args.batch_size)
         result = time_mode(model, batches, mode, args.beam_size, args.alpha)
         results.append(result)
-        print(f"| {mode} | {result['sentences']} | {result['tokens']} | {result['seconds']} | "
-              f"{result['sentences_per_sec']} | {result['tokens_per_sec']} |", flush=True)
+        print(
+            f"| {mode} | {result['sentences']} | {result['tokens']} | {result['seconds']} | "
+            f"{result['sentences_per_sec']} | {result['tokens_per_sec']} |",
+            flush=True,
+        )
     print(f"load average at end: {open('/proc/loadavg').read().split()[:3]}")
     if args.json:
         with open(args.json, "w") as f:

@@ -23,7 +23,8 @@ Each system first gets its best setting on this machine: every candidate
 (request size x requests in flight x TensorFlow's thread pools x its kernels for ours, see
 `ours_candidates`; max_batch_size x
 inter_threads/intra_threads x GEMM library for CTranslate2, see `ct2_candidates`) is started, warmed up and timed
-in `--tuning-passes` passes (default 2, its fastest pass counts), and the fastest candidate is kept. Then the kept systems' timed passes alternate
+in `--tuning-passes` passes (default 2, its fastest pass counts), and the fastest candidate is kept. Then the kept
+systems' timed passes alternate
 for `--repeats` rounds (medians reported); a row's `setup_rss_mb` and
 `peak_rss_mb` are its worker process's peak resident memory after the
 warm-up and after all runs. BLEU (lower-cased tokenized, as
@@ -62,8 +63,15 @@ BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
 # (sentences per request, requests in flight, intra-op threads, inter-op threads); None: TensorFlow's pools
 # (a thread per core in each). One intra-op thread per request in flight runs each request on a core of its own,
 # as CTranslate2's inter_threads do (TF Serving: --tensorflow_intra_op_parallelism / _inter_op_parallelism).
-OURS_CANDIDATES = [(64, 2, None, None), (250, 2, None, None), (500, 2, None, None), (1000, 1, None, None),
-                   (250, 2, 1, 2), (500, 2, 1, 2), (250, 4, 1, 4)]
+OURS_CANDIDATES = [
+    (64, 2, None, None),
+    (250, 2, None, None),
+    (500, 2, None, None),
+    (1000, 1, None, None),
+    (250, 2, 1, 2),
+    (500, 2, 1, 2),
+    (250, 4, 1, 4),
+]
 # `ours_candidates` adds TensorFlow's kernels.
 # (max_batch_size, inter_threads, intra_threads); `ct2_candidates` adds the GEMM library.
 CT2_CANDIDATES = [(8, 2, 1), (16, 2, 1), (32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]
@@ -100,8 +108,13 @@ def tensorflow_uses_onednn_by_default():
     process: the variable is read once, when TensorFlow loads)."""
     probe = "from keras_transformer import compat; print(compat.onednn_kernels_enabled())"
     environ = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-    output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                            env=dict(environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout.split()
+    output = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    ).stdout.split()
     return output[-1] == "True"
 
 
@@ -117,9 +130,13 @@ class Worker:
     """A `serving_worker.py` process, warmed up and waiting for commands."""
 
     def __init__(self, args, sentences_file, environ=None):
-        self.process = subprocess.Popen([sys.executable, WORKER, *map(str, args[:2]), sentences_file,
-                                         *map(str, args[2:])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(environ or {})))
+        self.process = subprocess.Popen(
+            [sys.executable, WORKER, *map(str, args[:2]), sentences_file, *map(str, args[2:])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(environ or {})),
+        )
         self.ready = self._read()
 
     def _read(self):
@@ -163,12 +180,19 @@ def prepare_models(run_dir, work_dir, precisions=("float32", "bfloat16")):
 
     paths = {}
     for precision in precisions:
-        paths[precision] = export_saved_model(run_dir, os.path.join(work_dir, precision), version=1,
-                                              beam_size=BEAM_SIZE, alpha=ALPHA, dtype=precision)
+        paths[precision] = export_saved_model(
+            run_dir, os.path.join(work_dir, precision), version=1, beam_size=BEAM_SIZE, alpha=ALPHA, dtype=precision
+        )
     if "bfloat16" in precisions:  # not the default: fairseq's stopping rule, to show what the exact one costs
-        paths["bfloat16 k_finished"] = export_saved_model(run_dir, os.path.join(work_dir, "bfloat16_k_finished"),
-                                                          version=1, beam_size=BEAM_SIZE, alpha=ALPHA,
-                                                          dtype="bfloat16", early_stopping="k_finished")
+        paths["bfloat16 k_finished"] = export_saved_model(
+            run_dir,
+            os.path.join(work_dir, "bfloat16_k_finished"),
+            version=1,
+            beam_size=BEAM_SIZE,
+            alpha=ALPHA,
+            dtype="bfloat16",
+            early_stopping="k_finished",
+        )
     model, tokenizer = load_run(run_dir, dtype="float32")
     paths["ctranslate2"] = export_ctranslate2(model, os.path.join(work_dir, "ct2"), tokenizer=tokenizer)
     return paths
@@ -181,7 +205,9 @@ def _ours_label(candidate):
 
 
 def request_plans(work_dir, sentences, client="translate"):
-    """How the client cuts `sentences` into requests: `plan(request_size, concurrency)` -> `serving_worker.py`'s REQUESTS.
+    """How the client cuts `sentences` into requests.
+
+    Returns `plan(request_size, concurrency)` -> `serving_worker.py`'s REQUESTS.
 
     "translate": as `SavedModelTranslator.translate` batches them
     (`even_batches` of the sentences longest first: each round of
@@ -226,22 +252,40 @@ def systems_to_time(paths, sentences_file, only, precisions=("float32", "bfloat1
             continue
         args = lambda c, p=precision: _ours_args(c, paths[p], plan)  # noqa: E731
         best, tried = best_setting(name, candidates, args, sentences_file, passes)
-        setting = dict(request_size=best[0], concurrency=best[1], intra_op_threads=best[2] or "default",
-                       inter_op_threads=best[3] or "default", kernels=best[4])
+        setting = dict(
+            request_size=best[0],
+            concurrency=best[1],
+            intra_op_threads=best[2] or "default",
+            inter_op_threads=best[3] or "default",
+            kernels=best[4],
+        )
         chosen.append((name, args(best), dict(setting=setting, tuning={_ours_label(c): s for c, s in tried.items()})))
         if precision == "bfloat16":  # the same export with k_finished stopping, in the same setting
-            chosen.append((f"{name} k_finished", _ours_args(best, paths["bfloat16 k_finished"], plan),
-                           dict(setting=setting, early_stopping="k_finished")))
+            chosen.append(
+                (
+                    f"{name} k_finished",
+                    _ours_args(best, paths["bfloat16 k_finished"], plan),
+                    dict(setting=setting, early_stopping="k_finished"),
+                )
+            )
     for compute_type in ("float32", "int8"):
         name = f"ctranslate2 {compute_type}"
         if only and only not in name:
             continue
         args = lambda c, t=compute_type: ["ctranslate2", paths["ctranslate2"], *c[:3], t, c[3]]  # noqa: E731
         best, tried = best_setting(name, ct2_candidates(), args, sentences_file, passes)
-        chosen.append((name, args(best), dict(setting=dict(max_batch_size=best[0], inter_threads=best[1],
-                                                           intra_threads=best[2], gemm=best[3]),
-                                               tuning={f"max_batch_size {b}, inter {i}, intra {t}, gemm {g}": s
-                                                       for (b, i, t, g), s in tried.items()})))
+        chosen.append(
+            (
+                name,
+                args(best),
+                dict(
+                    setting=dict(max_batch_size=best[0], inter_threads=best[1], intra_threads=best[2], gemm=best[3]),
+                    tuning={
+                        f"max_batch_size {b}, inter {i}, intra {t}, gemm {g}": s for (b, i, t, g), s in tried.items()
+                    },
+                ),
+            )
+        )
     return chosen
 
 
@@ -263,14 +307,24 @@ def main(argv=None):
     parser.add_argument("--sentences", type=int, default=1000, help="the first N sentences of test2016")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", help="time only the systems whose name contains this")
-    parser.add_argument("--precisions", default="float32,bfloat16",
-                        help="our SavedModels to time, comma-separated (default %(default)s; bfloat16 also times "
-                             "k_finished stopping)")
-    parser.add_argument("--tuning-passes", type=int, default=2,
-                        help="passes over the file per candidate setting, the fastest kept (default %(default)s)")
-    parser.add_argument("--client", choices=("translate", "file"), default="translate",
-                        help="how our requests are made: as `SavedModelTranslator.translate` batches the sentences "
-                             "(default), or in file order (`request_plans`)")
+    parser.add_argument(
+        "--precisions",
+        default="float32,bfloat16",
+        help="our SavedModels to time, comma-separated (default %(default)s; bfloat16 also times k_finished stopping)",
+    )
+    parser.add_argument(
+        "--tuning-passes",
+        type=int,
+        default=2,
+        help="passes over the file per candidate setting, the fastest kept (default %(default)s)",
+    )
+    parser.add_argument(
+        "--client",
+        choices=("translate", "file"),
+        default="translate",
+        help="how our requests are made: as `SavedModelTranslator.translate` batches the sentences "
+        "(default), or in file order (`request_plans`)",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.tuning_passes < 1:
@@ -287,18 +341,27 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="decode_serving_") as work_dir:
         sentences_file = write_sentences_file(work_dir, sources)
         paths = prepare_models(args.run_dir, work_dir, precisions)
-        chosen = systems_to_time(paths, sentences_file, args.only, precisions, args.tuning_passes,
-                                 request_plans(work_dir, sources, args.client))
+        chosen = systems_to_time(
+            paths,
+            sentences_file,
+            args.only,
+            precisions,
+            args.tuning_passes,
+            request_plans(work_dir, sources, args.client),
+        )
         workers = {}
 
         def setup(name, worker_args):
             def start():
                 workers[name] = Worker(worker_args, sentences_file)
                 return lambda: (workers[name].command("run"), {"sentences": len(sources)})[1]
+
             return start
 
-        systems = [common.System(name, setup(name, worker_args), baseline="ctranslate2 float32", info=info)
-                   for name, worker_args, info in chosen]
+        systems = [
+            common.System(name, setup(name, worker_args), baseline="ctranslate2 float32", info=info)
+            for name, worker_args, info in chosen
+        ]
         try:
             results = common.run_alternating(systems, args.repeats)
             for result in results:  # memory is the worker's, not this driver's: after warm-up, after the last run
@@ -315,18 +378,38 @@ def main(argv=None):
                 worker.close()
     quality = score_outputs(outputs, references)
     ratios = common.ratio_to_baseline(results, "sentences")
-    rows = [[r.name, json.dumps(r.info.get("setting")), common.fmt(r.median_rate("sentences"), ",.1f"),
-             common.fmt(ratios[r.name], ".2f"), quality[r.name]["tok_bleu"], quality[r.name]["bleu"],
-             quality[r.name].get("identical_to_ours_float32", "–")] for r in results]
-    print(common.markdown_table(["system", "best setting", "sentences/s", "x CT2 fp32", "tok BLEU", "BLEU",
-                                 "same as ours fp32"], rows))
-    payload = {"benchmark": "decode_serving", "run_dir": args.run_dir, "sentences": len(sources),
-               "beam_size": BEAM_SIZE, "alpha": ALPHA, "repeats": args.repeats, "tuning_passes": args.tuning_passes,
-               "client": args.client,
-               "machine": machine,
-               "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"]),
-               "results": common.results_payload(results, ["sentences"]), "quality": quality,
-               "wall_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    rows = [
+        [
+            r.name,
+            json.dumps(r.info.get("setting")),
+            common.fmt(r.median_rate("sentences"), ",.1f"),
+            common.fmt(ratios[r.name], ".2f"),
+            quality[r.name]["tok_bleu"],
+            quality[r.name]["bleu"],
+            quality[r.name].get("identical_to_ours_float32", "–"),
+        ]
+        for r in results
+    ]
+    print(
+        common.markdown_table(
+            ["system", "best setting", "sentences/s", "x CT2 fp32", "tok BLEU", "BLEU", "same as ours fp32"], rows
+        )
+    )
+    payload = {
+        "benchmark": "decode_serving",
+        "run_dir": args.run_dir,
+        "sentences": len(sources),
+        "beam_size": BEAM_SIZE,
+        "alpha": ALPHA,
+        "repeats": args.repeats,
+        "tuning_passes": args.tuning_passes,
+        "client": args.client,
+        "machine": machine,
+        "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"]),
+        "results": common.results_payload(results, ["sentences"]),
+        "quality": quality,
+        "wall_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     common.write_json(args.json, payload)
     return payload
 

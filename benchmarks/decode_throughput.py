@@ -82,7 +82,7 @@ def make_batches(sentences, batch_size, multiple):
     """Consecutive batches of `batch_size` sentences, each padded to a multiple of `multiple` tokens."""
     batches = []
     for start in range(0, len(sentences), batch_size):
-        chunk = sentences[start: start + batch_size]
+        chunk = sentences[start : start + batch_size]
         width = -(-max(len(s) for s in chunk) // multiple) * multiple
         batches.append(np.array([s + [PAD] * (width - len(s)) for s in chunk], np.int32))
     return batches
@@ -132,8 +132,15 @@ def ours_system(args, models, batches, policy, jit, name, baseline, workers=1):
 
         with common.policy_scope(policy):
             model = models.get(policy)
-            decode = make_decode_fn(model, "beam", jit_compile=jit, beam_size=args.beam_size, alpha=0.6,
-                                    max_length=args.output_length, min_length=args.output_length)
+            decode = make_decode_fn(
+                model,
+                "beam",
+                jit_compile=jit,
+                beam_size=args.beam_size,
+                alpha=0.6,
+                max_length=args.output_length,
+                min_length=args.output_length,
+            )
             for batch in distinct_shapes(batches):
                 decode(batch)
 
@@ -152,9 +159,17 @@ def ours_system(args, models, batches, policy, jit, name, baseline, workers=1):
 
         return run
 
-    return common.System(name, setup, baseline=baseline,
-                         info={"policy": policy, "jit_compile": jit, "concurrent_batches": workers,
-                               "api": "make_decode_fn(model, 'beam', ...)"})
+    return common.System(
+        name,
+        setup,
+        baseline=baseline,
+        info={
+            "policy": policy,
+            "jit_compile": jit,
+            "concurrent_batches": workers,
+            "api": "make_decode_fn(model, 'beam', ...)",
+        },
+    )
 
 
 # keras-hub ---------------------------------------------------------------------------
@@ -177,7 +192,8 @@ def keras_hub_generate_fn(model, beam_size, output_length, jit):
         self_caches, cross_caches = [], []
         for i, layer in enumerate(model.decoder_layers):
             y, next_self, next_cross = layer(
-                y, memory,
+                y,
+                memory,
                 encoder_padding_mask=source_mask,
                 self_attention_cache=self_cache[:, i, ...],
                 self_attention_cache_update_index=self_index,
@@ -233,9 +249,8 @@ def keras_hub_system(args, batches, jit, name, baseline):
         try:
             import keras_hub  # noqa: F401
         except ImportError:
-            raise common.Skip("keras-hub is not installed (pip install -e '.[bench]')")
+            raise common.Skip("keras-hub is not installed (pip install -e '.[bench]')") from None
         import keras
-
         from train_throughput import SHAPES, KerasHubSeq2Seq
 
         keras.utils.set_random_seed(0)
@@ -257,8 +272,9 @@ def keras_hub_system(args, batches, jit, name, baseline):
 
         return run
 
-    return common.System(name, setup, baseline=baseline,
-                         info={"jit_compile": jit, "sampler": "keras_hub.samplers.BeamSampler"})
+    return common.System(
+        name, setup, baseline=baseline, info={"jit_compile": jit, "sampler": "keras_hub.samplers.BeamSampler"}
+    )
 
 
 # CTranslate2 -------------------------------------------------------------------------
@@ -274,8 +290,10 @@ def check_conversion(args, model, translator, vocabulary, count=8):
     # CTranslate2 never outputs an empty hypothesis (min_decoding_length defaults to 1).
     ours, _ = greedy_search(model, padded, max_length=args.output_length, min_length=1)
     theirs = translator.translate_batch(
-        [[vocabulary[i] for i in s] for s in sentences], beam_size=1,
-        max_decoding_length=args.output_length, suppress_sequences=[["<pad>"]],
+        [[vocabulary[i] for i in s] for s in sentences],
+        beam_size=1,
+        max_decoding_length=args.output_length,
+        suppress_sequences=[["<pad>"]],
     )
     agree = 0
     for row, result in zip(ours.numpy(), theirs):
@@ -294,15 +312,20 @@ def ctranslate2_system(args, models, sentences, quantization, name, baseline, wo
         try:
             import ctranslate2
         except ImportError:
-            raise common.Skip("ctranslate2 is not installed (pip install -e '.[bench]')")
+            raise common.Skip("ctranslate2 is not installed (pip install -e '.[bench]')") from None
         from keras_transformer.inference.ctranslate2 import default_vocabulary, export_ctranslate2
 
         model = models.get("float32")
         path = os.path.join(workdir, f"ct2_{quantization or 'float32'}")
         # The sentences carry no end token: tell CTranslate2 not to add one either.
         export_ctranslate2(model, path, quantization=quantization, add_source_eos=False)
-        translator = ctranslate2.Translator(path, device="cpu", compute_type=quantization or "float32",
-                                            inter_threads=workers, intra_threads=intra_threads)
+        translator = ctranslate2.Translator(
+            path,
+            device="cpu",
+            compute_type=quantization or "float32",
+            inter_threads=workers,
+            intra_threads=intra_threads,
+        )
         vocabulary = default_vocabulary(args.vocab_size)
         agree, count = check_conversion(args, model, translator, vocabulary)
         info["greedy_outputs_equal_to_ours"] = f"{agree}/{count}"
@@ -310,8 +333,12 @@ def ctranslate2_system(args, models, sentences, quantization, name, baseline, wo
         if quantization is None and agree != count:
             raise RuntimeError(f"CTranslate2 conversion check failed: {agree}/{count} greedy outputs agree")
         tokens = [[vocabulary[i] for i in s] for s in sentences]
-        options = dict(beam_size=args.beam_size, min_decoding_length=args.output_length,
-                       max_decoding_length=args.output_length, max_batch_size=args.batch_size)
+        options = dict(
+            beam_size=args.beam_size,
+            min_decoding_length=args.output_length,
+            max_decoding_length=args.output_length,
+            max_batch_size=args.batch_size,
+        )
         translator.translate_batch(tokens[: 2 * args.batch_size], **options)
 
         def run():
@@ -340,8 +367,9 @@ def _parse_tf_threads(parser, value):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--min-source-length", type=int, default=8)
     parser.add_argument("--max-source-length", type=int, default=24)
@@ -352,11 +380,15 @@ def main(argv=None):
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds; medians over them")
     parser.add_argument("--threads", type=int, default=2, help="CTranslate2 intra_threads")
-    parser.add_argument("--tf-threads", default=None, metavar="INTRA,INTER",
-                        help="TensorFlow's intra-op and inter-op thread pools for every TensorFlow system, e.g. 1,2: "
-                             "one thread per op and two ops at a time, so each of the x2 rows' batches has a core "
-                             "(TF Serving's --tensorflow_intra_op_parallelism / _inter_op_parallelism; default: "
-                             "TensorFlow's, a thread per core in each)")
+    parser.add_argument(
+        "--tf-threads",
+        default=None,
+        metavar="INTRA,INTER",
+        help="TensorFlow's intra-op and inter-op thread pools for every TensorFlow system, e.g. 1,2: "
+        "one thread per op and two ops at a time, so each of the x2 rows' batches has a core "
+        "(TF Serving's --tensorflow_intra_op_parallelism / _inter_op_parallelism; default: "
+        "TensorFlow's, a thread per core in each)",
+    )
     parser.add_argument("--only", default=None, help="comma-separated name prefixes, e.g. 'ours' or 'ours,ctranslate2'")
     parser.add_argument("--json", default=None, help="write results to this JSON file")
     parser.add_argument("--plot", default=None, help="write a bar chart PNG (matplotlib)")
@@ -401,42 +433,73 @@ def main(argv=None):
     machine["load_average_at_end"] = common.load_average()
 
     ratios = common.ratio_to_baseline(results, "tokens")
-    headers = ["system", "generated tok/s (median)", "sentences/s", "min–max tok/s", "× baseline", "baseline",
-               "setup s", "+RSS MiB", "peak RSS MiB"]
+    headers = [
+        "system",
+        "generated tok/s (median)",
+        "sentences/s",
+        "min–max tok/s",
+        "× baseline",
+        "baseline",
+        "setup s",
+        "+RSS MiB",
+        "peak RSS MiB",
+    ]
     rows = []
     for r in results:
         if r.skipped:
             rows.append([r.name, f"skipped: {r.skipped}"] + [""] * (len(headers) - 2))
             continue
         rates = r.rates("tokens")
-        rows.append([r.name, common.fmt(r.median_rate("tokens")), common.fmt(r.median_rate("sentences"), ",.1f"),
-                     f"{min(rates):,.0f}–{max(rates):,.0f}", common.fmt(ratios[r.name], ".2f"), r.baseline,
-                     common.fmt(r.setup_seconds, ".1f"), common.fmt(r.setup_rss_mb), common.fmt(r.peak_rss_mb)])
+        rows.append(
+            [
+                r.name,
+                common.fmt(r.median_rate("tokens")),
+                common.fmt(r.median_rate("sentences"), ",.1f"),
+                f"{min(rates):,.0f}–{max(rates):,.0f}",
+                common.fmt(ratios[r.name], ".2f"),
+                r.baseline,
+                common.fmt(r.setup_seconds, ".1f"),
+                common.fmt(r.setup_rss_mb),
+                common.fmt(r.peak_rss_mb),
+            ]
+        )
 
     versions = common.package_versions(["tensorflow", "keras", "keras-hub", "ctranslate2", "numpy"])
-    print(f"\n### Decoding throughput, small shape (3+3, d_model 256, 4 heads, d_ff 1024, vocab {args.vocab_size}), "
-          "random weights\n")
-    print(f"{args.sentences} sentences of {args.min_source_length}-{args.max_source_length} source tokens, "
-          f"sorted by length, batch {args.batch_size}, beam {args.beam_size}, exactly {args.output_length} "
-          f"generated tokens each; {args.repeats} alternating rounds, median shown; TensorFlow's thread pools: "
-          f"{'%d intra-op x %d inter-op threads' % threads if threads else 'its defaults'}.\n")
+    print(
+        f"\n### Decoding throughput, small shape (3+3, d_model 256, 4 heads, d_ff 1024, vocab {args.vocab_size}), "
+        "random weights\n"
+    )
+    print(
+        f"{args.sentences} sentences of {args.min_source_length}-{args.max_source_length} source tokens, "
+        f"sorted by length, batch {args.batch_size}, beam {args.beam_size}, exactly {args.output_length} "
+        f"generated tokens each; {args.repeats} alternating rounds, median shown; TensorFlow's thread pools: "
+        f"{f'{threads[0]} intra-op x {threads[1]} inter-op threads' if threads else 'its defaults'}.\n"
+    )
     print(common.markdown_table(headers, rows))
-    checks = [f"{r.name}: {r.info['greedy_outputs_equal_to_ours']}" for r in results
-              if "greedy_outputs_equal_to_ours" in r.info]
+    checks = [
+        f"{r.name}: {r.info['greedy_outputs_equal_to_ours']}"
+        for r in results
+        if "greedy_outputs_equal_to_ours" in r.info
+    ]
     if checks:
         print("\nCTranslate2 conversion check (greedy outputs equal to ours): " + "; ".join(checks))
-    print(f"Peak RSS of the process: {common.process_peak_rss_mb():,.0f} MiB. "
-          f"Load average: start {machine['load_average_at_start']}, end {machine['load_average_at_end']}; "
-          f"{machine.get('cpu', '?')}, {machine['cpu_count']} CPUs.")
+    print(
+        f"Peak RSS of the process: {common.process_peak_rss_mb():,.0f} MiB. "
+        f"Load average: start {machine['load_average_at_start']}, end {machine['load_average_at_end']}; "
+        f"{machine.get('cpu', '?')}, {machine['cpu_count']} CPUs."
+    )
     print("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
 
-    common.write_json(args.json, {
-        "benchmark": "decode_throughput",
-        "args": vars(args),
-        "machine": machine,
-        "versions": versions,
-        "results": common.results_payload(results, ["tokens", "sentences"]),
-    })
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "decode_throughput",
+            "args": vars(args),
+            "machine": machine,
+            "versions": versions,
+            "results": common.results_payload(results, ["tokens", "sentences"]),
+        },
+    )
     common.plot_bars(args.plot, results, "tokens", "Beam search (K=4), generated tokens/s")
 
 

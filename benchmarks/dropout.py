@@ -37,7 +37,6 @@ import common  # noqa: E402
 common.quiet_tensorflow()
 
 import numpy as np  # noqa: E402
-
 import train_throughput  # noqa: E402
 
 
@@ -58,8 +57,15 @@ def rate_rows(rate, seeds=(0, 1, 2)):
                 y = np.asarray(tf.cast(y, tf.float32))
                 shares.append(float(np.mean(y == 0.0)))
                 means.append(float(np.mean(y, dtype=np.float64)))
-            rows.append({"implementation": name, "dtype_policy": policy, "rate": rate,
-                         "dropped_share": float(np.mean(shares)), "output_mean": float(np.mean(means))})
+            rows.append(
+                {
+                    "implementation": name,
+                    "dtype_policy": policy,
+                    "rate": rate,
+                    "dropped_share": float(np.mean(shares)),
+                    "output_mean": float(np.mean(means)),
+                }
+            )
     return rows
 
 
@@ -115,10 +121,15 @@ def main(argv=None):
     machine = common.machine_info()
 
     rates = rate_rows(args.rate)
-    print(common.markdown_table(
-        ["implementation", "dtype policy", f"dropped at rate {args.rate}", "output mean (1 expected)"],
-        [(r["implementation"], r["dtype_policy"], f"{100 * r['dropped_share']:.3f}%", f"{r['output_mean']:.5f}")
-         for r in rates]))
+    print(
+        common.markdown_table(
+            ["implementation", "dtype policy", f"dropped at rate {args.rate}", "output mean (1 expected)"],
+            [
+                (r["implementation"], r["dtype_policy"], f"{100 * r['dropped_share']:.3f}%", f"{r['output_mean']:.5f}")
+                for r in rates
+            ],
+        )
+    )
 
     batches = train_throughput.make_batches(8, 64, 32, 32, args.vocab_size, "none")
     systems = [
@@ -129,18 +140,24 @@ def main(argv=None):
     results = common.run_alternating(systems, args.repeats)
     ratios = common.paired_ratios(results, "keras dropout")
     print()
-    print(common.markdown_table(
-        ["training (small, mixed_bfloat16)", "target tokens/s (median)", "paired ratio to Keras' dropout"],
-        [(r.name, common.fmt(r.median_rate("tokens")), common.fmt(ratios[r.name], ".3f")) for r in results]))
-    common.write_json(args.json, {
-        "benchmark": "dropout",
-        "args": vars(args),
-        "machine": {**machine, "load_average_at_end": common.load_average()},
-        "versions": common.package_versions(["tensorflow", "keras"]),
-        "rates": rates,
-        "results": common.results_payload(results, ["tokens"]),
-        "paired_ratio_to_keras_dropout": ratios,
-    })
+    print(
+        common.markdown_table(
+            ["training (small, mixed_bfloat16)", "target tokens/s (median)", "paired ratio to Keras' dropout"],
+            [(r.name, common.fmt(r.median_rate("tokens")), common.fmt(ratios[r.name], ".3f")) for r in results],
+        )
+    )
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "dropout",
+            "args": vars(args),
+            "machine": {**machine, "load_average_at_end": common.load_average()},
+            "versions": common.package_versions(["tensorflow", "keras"]),
+            "rates": rates,
+            "results": common.results_payload(results, ["tokens"]),
+            "paired_ratio_to_keras_dropout": ratios,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import tensorflow as tf  # noqa: E402
-
 import common  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from keras_transformer import data  # noqa: E402
 from keras_transformer.data import corpora  # noqa: E402
@@ -106,8 +105,10 @@ def main(argv=None):
             start = time.perf_counter()
             tokenizer = train_tokenizer(texts, os.path.join(tmp, "spm"), vocab_size=args.vocab_size)
             elapsed = time.perf_counter() - start
-        print(f"Vocabulary: joint BPE, {tokenizer.vocab_size} ids, trained on {len(texts)} lines "
-              f"(Multi30k train en+de) in {elapsed:.2f} s")
+        print(
+            f"Vocabulary: joint BPE, {tokenizer.vocab_size} ids, trained on {len(texts)} lines "
+            f"(Multi30k train en+de) in {elapsed:.2f} s"
+        )
 
     train = corpora.load_multi30k("train", "en", "de")
     options = dict(batch_tokens=args.batch_tokens, max_length=args.max_length, num_replicas=1)
@@ -115,8 +116,10 @@ def main(argv=None):
     variants = [
         ("bucketed (default, x8)", lambda: data.make_batches(train, tokenizer, **options)),
         ("bucketed, step 1", lambda: data.make_batches(train, tokenizer, bucket_boundaries=fine, **options)),
-        ("one bucket (max_length)",
-         lambda: data.make_batches(train, tokenizer, bucket_boundaries=[args.max_length], **options)),
+        (
+            "one bucket (max_length)",
+            lambda: data.make_batches(train, tokenizer, bucket_boundaries=[args.max_length], **options),
+        ),
     ]
 
     rows = []
@@ -124,31 +127,61 @@ def main(argv=None):
         rows.append(measure(name, build(), args.epochs))
     # Naive pipeline with the same average number of sentences per batch.
     mean_batch = max(1, round(rows[0]["num_examples"] / rows[0]["num_batches"]))
-    rows.append(measure(f"no bucketing ({mean_batch}/batch)",
-                        naive_batches(train, tokenizer, mean_batch, args.max_length), args.epochs))
+    rows.append(
+        measure(
+            f"no bucketing ({mean_batch}/batch)",
+            naive_batches(train, tokenizer, mean_batch, args.max_length),
+            args.epochs,
+        )
+    )
 
-    print(f"\nMulti30k train, batch_tokens={args.batch_tokens}, max_length={args.max_length}, "
-          f"1 warm-up + {args.epochs} timed epoch(s)\n")
-    header = ("pipeline", "pairs/s", "pairs/CPU-s", "tokens/s", "batches", "pairs", "padding",
-              "real target share", "max batch tok", "shapes")
+    print(
+        f"\nMulti30k train, batch_tokens={args.batch_tokens}, max_length={args.max_length}, "
+        f"1 warm-up + {args.epochs} timed epoch(s)\n"
+    )
+    header = (
+        "pipeline",
+        "pairs/s",
+        "pairs/CPU-s",
+        "tokens/s",
+        "batches",
+        "pairs",
+        "padding",
+        "real target share",
+        "max batch tok",
+        "shapes",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
     for r in rows:
-        print(f"| {r['name']} | {r['pairs_per_s']:,.0f} | {r['pairs_per_cpu_s']:,.0f} | "
-              f"{r['tokens_per_s']:,.0f} | {r['num_batches']} | "
-              f"{r['num_examples']} | {r['padding_ratio']:.1%} | {r['target_real_share']:.1%} | "
-              f"{r['max_batch_tokens']} | {len(r['shapes'])} |")
-    print("\npadding = pad tokens / all tokens (source + target input); tokens/s = real (non-pad) "
-          "source + target tokens per second; pairs/CPU-s = pairs per second of CPU time used by "
-          "all pipeline threads (less sensitive to other load on the machine); real target share = "
-          "real target tokens / target positions, the share of a training step's decoder work that is not padding.")
+        print(
+            f"| {r['name']} | {r['pairs_per_s']:,.0f} | {r['pairs_per_cpu_s']:,.0f} | "
+            f"{r['tokens_per_s']:,.0f} | {r['num_batches']} | "
+            f"{r['num_examples']} | {r['padding_ratio']:.1%} | {r['target_real_share']:.1%} | "
+            f"{r['max_batch_tokens']} | {len(r['shapes'])} |"
+        )
+    print(
+        "\npadding = pad tokens / all tokens (source + target input); tokens/s = real (non-pad) "
+        "source + target tokens per second; pairs/CPU-s = pairs per second of CPU time used by "
+        "all pipeline threads (less sensitive to other load on the machine); real target share = "
+        "real target tokens / target positions, the share of a training step's decoder work that is not padding."
+    )
     for r in rows:
         r["num_shapes"] = len(r.pop("shapes"))
-    common.write_json(args.json, {
-        "benchmark": "input_pipeline", "batch_tokens": args.batch_tokens, "max_length": args.max_length,
-        "epochs": args.epochs, "rows": rows, "machine": machine,
-        "versions": common.package_versions(["keras-transformer", "tensorflow", "tensorflow-text", "sentencepiece"]),
-    })
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "input_pipeline",
+            "batch_tokens": args.batch_tokens,
+            "max_length": args.max_length,
+            "epochs": args.epochs,
+            "rows": rows,
+            "machine": machine,
+            "versions": common.package_versions(
+                ["keras-transformer", "tensorflow", "tensorflow-text", "sentencepiece"]
+            ),
+        },
+    )
 
 
 def measure(name, batches, epochs):

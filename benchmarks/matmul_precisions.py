@@ -42,9 +42,14 @@ def median_ms(fn, repeats):
 def matmul_times(rows, inner, outer, repeats):
     x = tf.random.normal([rows, inner])
     w = tf.random.normal([inner, outer])
-    operands = {"float32": (x, w), "bfloat16": (tf.cast(x, tf.bfloat16), tf.cast(w, tf.bfloat16)),
-                "int8": (tf.cast(tf.clip_by_value(x * 30, -127, 127), tf.int8),
-                         tf.cast(tf.clip_by_value(w * 30, -127, 127), tf.int8))}
+    operands = {
+        "float32": (x, w),
+        "bfloat16": (tf.cast(x, tf.bfloat16), tf.cast(w, tf.bfloat16)),
+        "int8": (
+            tf.cast(tf.clip_by_value(x * 30, -127, 127), tf.int8),
+            tf.cast(tf.clip_by_value(w * 30, -127, 127), tf.int8),
+        ),
+    }
     times = {}
     for name, (a, b) in operands.items():
         kwargs = {"output_type": tf.int32} if name == "int8" else {}
@@ -71,9 +76,16 @@ def main(argv=None):
             key = f"{shape_name} [{rows}, {inner}] x [{inner}, {outer}]"
             results[key] = matmul_times(rows, inner, outer, args.repeats)
             print(key, results[key], flush=True)
-    common.write_json(args.json, {"benchmark": "matmul_precisions", "unit": "ms per call (median)",
-                                  "results": results, "machine": common.machine_info(),
-                                  "versions": common.package_versions(["tensorflow", "keras"])})
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "matmul_precisions",
+            "unit": "ms per call (median)",
+            "results": results,
+            "machine": common.machine_info(),
+            "versions": common.package_versions(["tensorflow", "keras"]),
+        },
+    )
 
 
 if __name__ == "__main__":

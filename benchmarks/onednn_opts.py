@@ -42,17 +42,35 @@ SERVING = (250, 2, 1, 2)  # sentences per request, in flight, intra-op, inter-op
 
 def training_tokens_per_second(setting, steps):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([sys.executable, os.path.join(HERE, "train_throughput.py"), "--only", "ours",
-                        "--precisions", "fp32", "--steps", str(steps), "--repeats", "1", "--no-roof",
-                        "--json", out.name], check=True, capture_output=True, text=True,
-                       env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting, TF_CPP_MIN_LOG_LEVEL="2"))
+        subprocess.run(
+            [
+                sys.executable,
+                os.path.join(HERE, "train_throughput.py"),
+                "--only",
+                "ours",
+                "--precisions",
+                "fp32",
+                "--steps",
+                str(steps),
+                "--repeats",
+                "1",
+                "--no-roof",
+                "--json",
+                out.name,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting, TF_CPP_MIN_LOG_LEVEL="2"),
+        )
         with open(out.name, encoding="utf-8") as f:
             return json.load(f)["results"][0]["median"]["tokens"]
 
 
 def serving_sentences_per_second(setting, export_dir, sentences_file, count):
-    worker = decode_serving.Worker(["savedmodel", export_dir, *SERVING], sentences_file,
-                                   environ={"TF_ENABLE_ONEDNN_OPTS": setting})
+    worker = decode_serving.Worker(
+        ["savedmodel", export_dir, *SERVING], sentences_file, environ={"TF_ENABLE_ONEDNN_OPTS": setting}
+    )
     try:
         return count / worker.command("run")["seconds"]
     finally:
@@ -75,31 +93,49 @@ def main(argv=None):
     rates = {(part, s): [] for part in ("training", "serving") for s in SETTINGS}
     with tempfile.TemporaryDirectory(prefix="onednn_opts_") as work_dir:
         sentences_file = decode_serving.write_sentences_file(work_dir, sources)
-        export_dir = export_saved_model(args.run_dir, os.path.join(work_dir, "float32"), version=1,
-                                        beam_size=decode_serving.BEAM_SIZE, alpha=decode_serving.ALPHA,
-                                        dtype="float32")
+        export_dir = export_saved_model(
+            args.run_dir,
+            os.path.join(work_dir, "float32"),
+            version=1,
+            beam_size=decode_serving.BEAM_SIZE,
+            alpha=decode_serving.ALPHA,
+            dtype="float32",
+        )
         for round_index in range(args.rounds):
             for setting in SETTINGS:
                 rates["training", setting].append(training_tokens_per_second(setting, args.steps))
                 rates["serving", setting].append(
-                    serving_sentences_per_second(setting, export_dir, sentences_file, len(sources)))
-                common.log(f"[round {round_index + 1}/{args.rounds}] TF_ENABLE_ONEDNN_OPTS={setting}: "
-                           f"training {rates['training', setting][-1]:,.0f} tokens/s, "
-                           f"serving {rates['serving', setting][-1]:.1f} sentences/s")
+                    serving_sentences_per_second(setting, export_dir, sentences_file, len(sources))
+                )
+                common.log(
+                    f"[round {round_index + 1}/{args.rounds}] TF_ENABLE_ONEDNN_OPTS={setting}: "
+                    f"training {rates['training', setting][-1]:,.0f} tokens/s, "
+                    f"serving {rates['serving', setting][-1]:.1f} sentences/s"
+                )
     results = {}
     for part, unit in (("training", "target tokens/s"), ("serving", "sentences/s")):
         off, on = rates[part, "0"], rates[part, "1"]
-        results[part] = {"unit": unit, "TF_ENABLE_ONEDNN_OPTS=0": {"median": common.median(off), "runs": off},
-                         "TF_ENABLE_ONEDNN_OPTS=1": {"median": common.median(on), "runs": on},
-                         "median_ratio_1_over_0": common.median([b / a for a, b in zip(off, on)])}
-        print(f"{part}: {common.median(off):,.1f} -> {common.median(on):,.1f} {unit}, "
-              f"x{results[part]['median_ratio_1_over_0']:.2f}")
-    payload = {"benchmark": "onednn_opts", "run_dir": args.run_dir, "rounds": args.rounds,
-               "training_steps": args.steps, "serving_setting": dict(zip(
-                   ("request_size", "concurrency", "intra_op_threads", "inter_op_threads"), SERVING)),
-               "machine": machine, "results": results,
-               "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras"]),
-               "wall_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        results[part] = {
+            "unit": unit,
+            "TF_ENABLE_ONEDNN_OPTS=0": {"median": common.median(off), "runs": off},
+            "TF_ENABLE_ONEDNN_OPTS=1": {"median": common.median(on), "runs": on},
+            "median_ratio_1_over_0": common.median([b / a for a, b in zip(off, on)]),
+        }
+        print(
+            f"{part}: {common.median(off):,.1f} -> {common.median(on):,.1f} {unit}, "
+            f"x{results[part]['median_ratio_1_over_0']:.2f}"
+        )
+    payload = {
+        "benchmark": "onednn_opts",
+        "run_dir": args.run_dir,
+        "rounds": args.rounds,
+        "training_steps": args.steps,
+        "serving_setting": dict(zip(("request_size", "concurrency", "intra_op_threads", "inter_op_threads"), SERVING)),
+        "machine": machine,
+        "results": results,
+        "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras"]),
+        "wall_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     common.write_json(args.json, payload)
     return payload
 

@@ -38,7 +38,8 @@ class ServedExport:
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
         with self.graph.as_default():
             signature = tf.compat.v1.saved_model.load(self.session, ["serve"], export_dir).signature_def[
-                "serving_default"]
+                "serving_default"
+            ]
         self.feed = {signature.inputs["inputs"].name: sentences}
         self.output = signature.outputs["translations"].name
         self.run()  # warm-up
@@ -60,8 +61,7 @@ def profile(served, seconds, sentence_count, top):
     import tensorflow as tf
 
     metadata = tf.compat.v1.RunMetadata()
-    served.run(options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-               run_metadata=metadata)
+    served.run(options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=metadata)
     request_seconds = common.median(seconds)
     op_micros, op_runs = collections.Counter(), collections.Counter()
     for device in metadata.step_stats.dev_stats:
@@ -77,8 +77,10 @@ def profile(served, seconds, sentence_count, top):
         "sentences_per_second": round(sentence_count / request_seconds, 1),
         "op_seconds_all_threads": round(total / 1e6, 3),
         "op_runs": sum(op_runs.values()),
-        "top_ops": [{"op": op, "ms": round(us / 1e3, 1), "share": round(us / total, 3), "runs": op_runs[op]}
-                    for op, us in op_micros.most_common(top)],
+        "top_ops": [
+            {"op": op, "ms": round(us / 1e3, 1), "share": round(us / total, 3), "runs": op_runs[op]}
+            for op, us in op_micros.most_common(top)
+        ],
     }
 
 
@@ -88,9 +90,13 @@ def main(argv=None):
     parser.add_argument("--sentences", type=int, default=250)
     parser.add_argument("--rounds", type=int, default=1, help="timed requests per export, alternating; median")
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--threads", type=int, default=2,
-                        help="TensorFlow's intra-op and inter-op threads (default 2; 1 as each of decode_serving.py's "
-                             "requests in flight runs)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=2,
+        help="TensorFlow's intra-op and inter-op threads (default 2; 1 as each of decode_serving.py's "
+        "requests in flight runs)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -110,17 +116,33 @@ def main(argv=None):
         for _ in range(args.rounds):
             for name in served:
                 seconds[name].append(served[name].timed())
-        profiles = {name: dict(export=exports[name], **profile(served[name], seconds[name], len(sentences), args.top))
-                    for name in served}
+        profiles = {
+            name: dict(export=exports[name], **profile(served[name], seconds[name], len(sentences), args.top))
+            for name in served
+        }
     for name in profiles:
-        print(f"\n{name}: {profiles[name]['request_seconds']} s per request of {len(sentences)} "
-              f"(median of {args.rounds}), {profiles[name]['op_runs']} op runs")
-        print(common.markdown_table(["op", "ms", "share", "runs"], [
-            [o["op"], o["ms"], f"{100 * o['share']:.1f}%", o["runs"]] for o in profiles[name]["top_ops"]]))
-    common.write_json(args.json, {"benchmark": "profile_serving", "sentences": len(sentences), "rounds": args.rounds,
-                                  "threads": args.threads,
-                                  "machine": common.machine_info(), "profiles": profiles,
-                                  "versions": common.package_versions(["tensorflow", "tensorflow-text"])})
+        print(
+            f"\n{name}: {profiles[name]['request_seconds']} s per request of {len(sentences)} "
+            f"(median of {args.rounds}), {profiles[name]['op_runs']} op runs"
+        )
+        print(
+            common.markdown_table(
+                ["op", "ms", "share", "runs"],
+                [[o["op"], o["ms"], f"{100 * o['share']:.1f}%", o["runs"]] for o in profiles[name]["top_ops"]],
+            )
+        )
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "profile_serving",
+            "sentences": len(sentences),
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "machine": common.machine_info(),
+            "profiles": profiles,
+            "versions": common.package_versions(["tensorflow", "tensorflow-text"]),
+        },
+    )
 
 
 if __name__ == "__main__":

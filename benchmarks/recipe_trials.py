@@ -34,15 +34,26 @@ SCORES_FILENAME = "val_trial_scores.json"
 
 # Every trial states the whole recipe, so a trial means the same thing whatever the demo's defaults are.
 # Trials before `pad_to_multiple_of` existed padded every batch to a multiple of 8 tokens.
-RECIPE = dict(preset="small", vocab_size=8000, dropout=0.0, label_smoothing=0.1, warmup_steps=400, lr_scale=0.8,
-              subword_sampling=0.0, average_last=5, average_fraction=None, pad_to_multiple_of=8)
+RECIPE = dict(
+    preset="small",
+    vocab_size=8000,
+    dropout=0.0,
+    label_smoothing=0.1,
+    warmup_steps=400,
+    lr_scale=0.8,
+    subword_sampling=0.0,
+    average_last=5,
+    average_fraction=None,
+    pad_to_multiple_of=8,
+)
 TRIALS = {
     "small_drop0": dict(RECIPE),
     "small_drop0.1": dict(RECIPE, dropout=0.1),
     "mini_drop0.3": dict(RECIPE, preset="mini", dropout=0.3, warmup_steps=800, lr_scale=1.0),
     "mini_drop0.1": dict(RECIPE, preset="mini", dropout=0.1, warmup_steps=800, lr_scale=1.0),
-    "mini_drop0.3_bpedrop0.1": dict(RECIPE, preset="mini", dropout=0.3, warmup_steps=800, lr_scale=1.0,
-                                    subword_sampling=0.1),
+    "mini_drop0.3_bpedrop0.1": dict(
+        RECIPE, preset="mini", dropout=0.3, warmup_steps=800, lr_scale=1.0, subword_sampling=0.1
+    ),
     "small_drop0.1_bpedrop0.1": dict(RECIPE, dropout=0.1, subword_sampling=0.1),
     "small_drop0.3_bpedrop0.1": dict(RECIPE, dropout=0.3, subword_sampling=0.1),
     "small_drop0.1_lr1.2": dict(RECIPE, dropout=0.1, lr_scale=1.2),
@@ -62,8 +73,9 @@ TRIALS = {
     "small_drop0.1_pad1_steps1944": dict(RECIPE, dropout=0.1, pad_to_multiple_of=1, max_steps=1944, time_budget=60),
     # The same buckets with batches of 3,500 tokens: as many real tokens per step as the demo's 4,096 padded to
     # multiples of 8, 15% fewer padded ones, so 2,278 steps cost what the demo's 1,944 did.
-    "small_drop0.1_pad1_batch3500_steps2278": dict(RECIPE, dropout=0.1, pad_to_multiple_of=1, batch_tokens=3500,
-                                                   max_steps=2278, time_budget=60),
+    "small_drop0.1_pad1_batch3500_steps2278": dict(
+        RECIPE, dropout=0.1, pad_to_multiple_of=1, batch_tokens=3500, max_steps=2278, time_budget=60
+    ),
     # Label smoothing 0.2 in the time budget once the exact dropout (836f968) made steps ~8% cheaper: the
     # budget's steps on the EPYC went from 1,944 to 2,093, past the 1,944 of `small_drop0.1_ls0.2_steps1944`.
     "small_drop0.1_ls0.2_exact_dropout": dict(RECIPE, dropout=0.1, label_smoothing=0.2),
@@ -94,18 +106,19 @@ TRIALS = {
     "small_drop0.2_final_fifth_seed1": dict(RECIPE, dropout=0.2, average_last=10, average_fraction=0.2, seed=1),
     # Where the budget buys ~29 epochs of `small`, spend some of it on depth: 4+4 layers (~1.3x the step's cost,
     # ~22 epochs), with dropout 0.2 for the larger model.
-    "small_4layers_drop0.2_final_fifth": dict(RECIPE, num_layers=4, dropout=0.2, average_last=10,
-                                              average_fraction=0.2),
+    "small_4layers_drop0.2_final_fifth": dict(RECIPE, num_layers=4, dropout=0.2, average_last=10, average_fraction=0.2),
     # Where the budget buys ~29 epochs, regularize with BPE-dropout (Provilkov et al., 2020: p = 0.1) instead of
     # more dropout: each pass segments the sentences anew. On a ~6-epoch budget it fell far behind early
     # (`small_drop0.1_bpedrop0.1`); with five times the epochs it has time to pay off, as in its paper.
-    "small_drop0.1_bpedrop0.1_final_fifth": dict(RECIPE, dropout=0.1, subword_sampling=0.1, average_last=10,
-                                                 average_fraction=0.2),
+    "small_drop0.1_bpedrop0.1_final_fifth": dict(
+        RECIPE, dropout=0.1, subword_sampling=0.1, average_last=10, average_fraction=0.2
+    ),
     # Larger batches than the demo's 4,096 tokens: smaller batches (3,072) scored lower with more steps
     # (`small_drop0.1_batch3k`), and Transformer-tiny trains with ~8k-token batches. 6,144 tokens take ~1.5x the
     # step's time, so the budget buys ~2/3 of the steps with the same epochs and less gradient noise.
-    "small_drop0.1_batch6k_final_fifth": dict(RECIPE, dropout=0.1, batch_tokens=6144, average_last=10,
-                                              average_fraction=0.2),
+    "small_drop0.1_batch6k_final_fifth": dict(
+        RECIPE, dropout=0.1, batch_tokens=6144, average_last=10, average_fraction=0.2
+    ),
     # An exponential moving average of the weights, updated every step (Keras' optimizer option `use_ema`),
     # instead of averaging the final fifth's checkpoints. Decay 0.996: its weights' mean age, 250 steps, is that of
     # the demo's average of 10 checkpoints 50 steps apart; averages reaching further back scored lower
@@ -116,24 +129,40 @@ TRIALS = {
     # Transformer-tiny's batches and peak rate on its shape: ~8k-token batches and a peak of ~5e-3 (lr scale 1.6
     # with warmup 800: 1.6 * 128^-0.5 * 800^-0.5), with dropout 0.1 for the ~32 epochs the budget buys (its 0.3
     # is for 130), the final fifth averaged.
-    "mini_drop0.1_batch8k_lr1.6_final_fifth": dict(RECIPE, preset="mini", dropout=0.1, batch_tokens=8192,
-                                                   warmup_steps=800, lr_scale=1.6, average_last=10,
-                                                   average_fraction=0.2),
+    "mini_drop0.1_batch8k_lr1.6_final_fifth": dict(
+        RECIPE,
+        preset="mini",
+        dropout=0.1,
+        batch_tokens=8192,
+        warmup_steps=800,
+        lr_scale=1.6,
+        average_last=10,
+        average_fraction=0.2,
+    ),
     # The demo's recipe (dropout 0.1, the final fifth averaged) with whole batches that no longer leave out a
     # length bucket holding fewer pairs than one batch (commit 4b3db49): on Multi30k 489 pairs, 423 of them of at
     # most 7 pieces, were never trained on; an epoch is 144 batches instead of 139.
     "small_drop0.1_final_fifth_whole_batches": dict(RECIPE, dropout=0.1, average_last=10, average_fraction=0.2),
     # The same with another seed (initial weights, dropout masks, data order): whether its lead over the recipe
     # before the change outlasts the seed's spread (two seeds of that recipe landed 1.1 apart on validation).
-    "small_drop0.1_final_fifth_whole_batches_seed1": dict(RECIPE, dropout=0.1, average_last=10,
-                                                          average_fraction=0.2, seed=1),
+    "small_drop0.1_final_fifth_whole_batches_seed1": dict(
+        RECIPE, dropout=0.1, average_last=10, average_fraction=0.2, seed=1
+    ),
 }
 # Where `lowercase` trials read their lower-cased copy of the shipped Multi30k (`lowercased_multi30k`).
 LOWERCASED_DIR = os.path.join(TRIALS_DIR, "lowercased_multi30k")
 # What every trial also does: keep at least 10 checkpoints (to compare averaging 5, 10 and, where a trial keeps
 # more, 15 and 20) and the best-BLEU one.
-TRIAL_FLAGS = ["--eval-split", "val", "--no-export", "--keep-checkpoints", "10", "--validate-bleu-every", "500",
-               "--keep-best"]
+TRIAL_FLAGS = [
+    "--eval-split",
+    "val",
+    "--no-export",
+    "--keep-checkpoints",
+    "10",
+    "--validate-bleu-every",
+    "500",
+    "--keep-best",
+]
 # Decoding choices tried on each trial's final model (§6.1: beam 4, alpha 0.6).
 SEARCHES = [(4, 0.6), (5, 0.6), (4, 1.0), (5, 1.0), (8, 1.0)]
 
@@ -159,8 +188,14 @@ def trial_command(name):
     if TRIALS[name].get("lowercase"):
         data_dir = os.path.relpath(LOWERCASED_DIR, common.ROOT)
         data = ["--data", f"files:{data_dir}/{{split}}.{{src}},{data_dir}/{{split}}.{{tgt}}"]
-    return ["examples/train_multi30k.py", "--output", os.path.join("runs", "trials", name), *TRIAL_FLAGS, *data,
-            *recipe_flags(TRIALS[name])]
+    return [
+        "examples/train_multi30k.py",
+        "--output",
+        os.path.join("runs", "trials", name),
+        *TRIAL_FLAGS,
+        *data,
+        *recipe_flags(TRIALS[name]),
+    ]
 
 
 def lowercased_multi30k():
@@ -183,8 +218,9 @@ def train_trial(name):
     common.log("python " + " ".join(command))
     started = time.perf_counter()
     with open(output + ".log", "a", encoding="utf-8") as log_file:
-        subprocess.run([sys.executable, *command], check=True, stdout=log_file, stderr=subprocess.STDOUT,
-                       cwd=common.ROOT)
+        subprocess.run(
+            [sys.executable, *command], check=True, stdout=log_file, stderr=subprocess.STDOUT, cwd=common.ROOT
+        )
     return time.perf_counter() - started, "python " + " ".join(command)
 
 
@@ -201,8 +237,14 @@ def _translate_val(model, tokenizer, beam, alpha, lowercase=False):
     started = time.perf_counter()
     hypotheses = Translator(model, tokenizer, beam_size=beam, alpha=alpha).translate(sources)
     scores = corpus_scores(hypotheses, references, lang="de")
-    return dict(beam=beam, alpha=alpha, bleu=round(scores["bleu"], 2), tok_bleu=round(scores["tok_bleu"], 2),
-                chrf=round(scores["chrf"], 2), decode_seconds=round(time.perf_counter() - started, 1))
+    return dict(
+        beam=beam,
+        alpha=alpha,
+        bleu=round(scores["bleu"], 2),
+        tok_bleu=round(scores["tok_bleu"], 2),
+        chrf=round(scores["chrf"], 2),
+        decode_seconds=round(time.perf_counter() - started, 1),
+    )
 
 
 def score_variants(run_dir, only_final=False, lowercase=False):
@@ -253,24 +295,47 @@ def summarize(name, run_dir, wall_seconds=None, command=None, only_final=False):
         path = os.path.join(run_dir, f"{split}_scores.json")
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
-                report = {k: v for k, v in json.load(f).items() if k in ("train_seconds", "tokens_per_sec",
-                                                                           "val_metrics", "step")}
+                report = {
+                    k: v
+                    for k, v in json.load(f).items()
+                    if k in ("train_seconds", "tokens_per_sec", "val_metrics", "step")
+                }
             break
     steps_per_epoch = config["data"]["steps_per_epoch"]
-    val_losses = [(int(r["step"]), round(float(r["val_loss"]), 4)) for r in history if r.get("val_loss") not in
-                  (None, "", "NA")]
+    val_losses = [
+        (int(r["step"]), round(float(r["val_loss"]), 4)) for r in history if r.get("val_loss") not in (None, "", "NA")
+    ]
     step = int(history[-1]["step"]) if history else None
     return dict(
-        name=name, run_dir=os.path.relpath(run_dir, common.ROOT), command=command,
-        recipe=TRIALS.get(name), model=config["model"], precision=config.get("precision"),
-        training={k: config["training"].get(k) for k in ("batch_tokens", "time_budget", "warmup_steps", "lr_scale",
-                                                          "subword_sampling", "average_last", "average_fraction",
-                                                          "vocab_size", "seed", "pad_to_multiple_of")},
-        steps=step, epochs=round(step / steps_per_epoch, 2) if step else None,
-        train_seconds=report.get("train_seconds"), wall_seconds=round(wall_seconds, 1) if wall_seconds else None,
+        name=name,
+        run_dir=os.path.relpath(run_dir, common.ROOT),
+        command=command,
+        recipe=TRIALS.get(name),
+        model=config["model"],
+        precision=config.get("precision"),
+        training={
+            k: config["training"].get(k)
+            for k in (
+                "batch_tokens",
+                "time_budget",
+                "warmup_steps",
+                "lr_scale",
+                "subword_sampling",
+                "average_last",
+                "average_fraction",
+                "vocab_size",
+                "seed",
+                "pad_to_multiple_of",
+            )
+        },
+        steps=step,
+        epochs=round(step / steps_per_epoch, 2) if step else None,
+        train_seconds=report.get("train_seconds"),
+        wall_seconds=round(wall_seconds, 1) if wall_seconds else None,
         tokens_per_sec=report.get("tokens_per_sec"),
         final_val_loss=(report.get("val_metrics") or {}).get("loss"),
-        val_loss_per_epoch=val_losses, best_epoch_val_loss=min((v for _, v in val_losses), default=None),
+        val_loss_per_epoch=val_losses,
+        best_epoch_val_loss=min((v for _, v in val_losses), default=None),
         tokens_per_sec_per_epoch=[round(float(r["tokens_per_sec"])) for r in history if r.get("tokens_per_sec")],
         val_bleu_during_training=[(int(r["step"]), float(r["bleu"])) for r in bleu if r.get("bleu")],
         variants=score_variants(run_dir, only_final, lowercase=bool((TRIALS.get(name) or {}).get("lowercase"))),
@@ -287,11 +352,11 @@ def score(name, run_dir, wall_seconds=None, command=None, only_final=False):
     with open(os.path.join(TRIALS_DIR, name, SCORES_FILENAME), "w", encoding="utf-8") as f:
         json.dump(row, f, indent=2)
     final = row["variants"]["final"][0]
-    common.log(f"{name}: {row['steps']} steps ({row['epochs']} epochs), val loss {row['final_val_loss']}, "
-               f"val BLEU {final['bleu']} / tokenized {final['tok_bleu']}")
+    common.log(
+        f"{name}: {row['steps']} steps ({row['epochs']} epochs), val loss {row['final_val_loss']}, "
+        f"val BLEU {final['bleu']} / tokenized {final['tok_bleu']}"
+    )
     return row
-
-
 
 
 def _previous_rows(path):
@@ -304,25 +369,43 @@ def _previous_rows(path):
 
 
 def table(rows):
-    headers = ["trial", "steps", "epochs", "train min", "val loss", "val BLEU", "val tok BLEU", "avg10 tok",
-               "best-ckpt tok", "best search (tok)"]
+    headers = [
+        "trial",
+        "steps",
+        "epochs",
+        "train min",
+        "val loss",
+        "val BLEU",
+        "val tok BLEU",
+        "avg10 tok",
+        "best-ckpt tok",
+        "best search (tok)",
+    ]
     lines = []
     for row in rows:
         v = row["variants"]
         best_search = max(v["final"], key=lambda s: s["tok_bleu"])
-        lines.append([
-            row["name"], row["steps"], row["epochs"], round((row["train_seconds"] or 0) / 60, 1),
-            row["final_val_loss"] and round(row["final_val_loss"], 3), v["final"][0]["bleu"], v["final"][0]["tok_bleu"],
-            v.get("average_last_10", [{}])[0].get("tok_bleu", "-"),
-            v.get("best_val_bleu_checkpoint", [{}])[0].get("tok_bleu", "-"),
-            f"beam {best_search['beam']} alpha {best_search['alpha']}: {best_search['tok_bleu']}",
-        ])
+        lines.append(
+            [
+                row["name"],
+                row["steps"],
+                row["epochs"],
+                round((row["train_seconds"] or 0) / 60, 1),
+                row["final_val_loss"] and round(row["final_val_loss"], 3),
+                v["final"][0]["bleu"],
+                v["final"][0]["tok_bleu"],
+                v.get("average_last_10", [{}])[0].get("tok_bleu", "-"),
+                v.get("best_val_bleu_checkpoint", [{}])[0].get("tok_bleu", "-"),
+                f"beam {best_search['beam']} alpha {best_search['alpha']}: {best_search['tok_bleu']}",
+            ]
+        )
     return common.markdown_table(headers, lines)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list", help="the trials and their recipes")
     run = sub.add_parser("run", help="train and score trials (skips scored ones)")
@@ -330,20 +413,26 @@ def main(argv=None):
     scored = sub.add_parser("score", help="score finished run directories on validation")
     scored.add_argument("runs", nargs="+", metavar="NAME=RUN_DIR")
     scored.add_argument("--command", help="how the run was made (default: the trial's command, for a trial name)")
-    scored.add_argument("--only-final", action="store_true",
-                        help="score only the final weights at beam 4 (e.g. a trial stopped early)")
+    scored.add_argument(
+        "--only-final", action="store_true", help="score only the final weights at beam 4 (e.g. a trial stopped early)"
+    )
     out = sub.add_parser("table", help="collect the scored trials into one JSON")
     out.add_argument("--json", default=None, help="default benchmarks/results/<cpu>/recipe_trials.json")
     out.add_argument("--trials-dir", default=TRIALS_DIR, help="where the trials are (default %(default)s)")
-    out.add_argument("--note", action="append", default=[], metavar="NAME=TEXT",
-                     help="a remark recorded with a trial, e.g. that it was stopped early")
+    out.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="NAME=TEXT",
+        help="a remark recorded with a trial, e.g. that it was stopped early",
+    )
     args = parser.parse_args(argv)
     common.quiet_tensorflow()
 
     if args.action == "list":
         for name in TRIALS:
             # What follows the script, --output DIR and the flags every trial shares.
-            print(f"{name}: {' '.join(trial_command(name)[3 + len(TRIAL_FLAGS):])}")
+            print(f"{name}: {' '.join(trial_command(name)[3 + len(TRIAL_FLAGS) :])}")
     elif args.action == "run":
         for name in args.names:
             run_dir = os.path.join(TRIALS_DIR, name)
@@ -359,8 +448,9 @@ def main(argv=None):
             command = args.command or ("python " + " ".join(trial_command(name)) if name in TRIALS else None)
             score(name, run_dir, command=command, only_final=args.only_final)
     else:
-        target = args.json or os.path.join(common.ROOT, "benchmarks", "results", common.results_folder(),
-                                           "recipe_trials.json")
+        target = args.json or os.path.join(
+            common.ROOT, "benchmarks", "results", common.results_folder(), "recipe_trials.json"
+        )
         previous = _previous_rows(target)
         notes = {name: row["note"] for name, row in previous.items() if row.get("note")}
         notes.update(item.partition("=")[::2] for item in args.note)
@@ -379,9 +469,11 @@ def main(argv=None):
         for row in rows:
             if row["name"] in notes:
                 row["note"] = notes[row["name"]]
-        payload = dict(versions=common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu"]),
-                       note="validation split only (Multi30k val, 1,014 sentences); test2016 is never decoded here",
-                       trials=rows)
+        payload = dict(
+            versions=common.package_versions(["keras-transformer", "tensorflow", "keras", "sacrebleu"]),
+            note="validation split only (Multi30k val, 1,014 sentences); test2016 is never decoded here",
+            trials=rows,
+        )
         common.write_json(target, payload)
         print(table(rows))
 

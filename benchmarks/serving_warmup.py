@@ -63,7 +63,7 @@ def serve(export_dir, mode, sizes):
     test, offset = read_lines("test2016", "en"), 0
     batches = []
     for size in sizes:
-        batches.append(test[offset:offset + size])
+        batches.append(test[offset : offset + size])
         offset += size
     result["first"] = {str(len(batch)): request(SIGNATURE_NAME, batch) for batch in batches}
     result["again"] = {str(len(batch)): request(SIGNATURE_NAME, batch) for batch in batches}
@@ -72,8 +72,15 @@ def serve(export_dir, mode, sizes):
 
 def run_worker(export_dir, mode, sizes):
     """`serve` in a fresh process; its result."""
-    command = [sys.executable, os.path.abspath(__file__), export_dir, "--worker", mode,
-               "--sizes", ",".join(map(str, sizes))]
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        export_dir,
+        "--worker",
+        mode,
+        "--sizes",
+        ",".join(map(str, sizes)),
+    ]
     return common.json_from_process(command, f"{mode} worker", dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
@@ -95,8 +102,9 @@ def summarize(rounds):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("export_dir", metavar="EXPORT_DIR", help="an exported version directory (OUTPUT/<version>)")
-    parser.add_argument("--sizes", default="1,64,500",
-                        help="sentences per request, comma-separated (default %(default)s)")
+    parser.add_argument(
+        "--sizes", default="1,64,500", help="sentences per request, comma-separated (default %(default)s)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)  # internal: one process's run
@@ -117,19 +125,38 @@ def main(argv=None):
     for index in range(args.rounds):
         modes = MODES if index % 2 == 0 else MODES[::-1]
         rounds.append({mode: run_worker(args.export_dir, mode, sizes) for mode in modes})
-        common.log(f"[round {index + 1}/{args.rounds}] " + "; ".join(
-            f"{mode}: first {rounds[-1][mode]['first']}" for mode in MODES))
+        common.log(
+            f"[round {index + 1}/{args.rounds}] "
+            + "; ".join(f"{mode}: first {rounds[-1][mode]['first']}" for mode in MODES)
+        )
     summary = summarize(rounds)
-    rows = [[f"{size} sentence" + ("" if size == "1" else "s"), f"{summary['cold']['first'][size]:.3f}",
-             f"{summary['warmed']['first'][size]:.3f}", f"{summary['cold']['again'][size]:.3f}"]
-            for size in summary["cold"]["first"]]
-    print(common.markdown_table(["request", "first after loading (s)", "first after the warm-up (s)",
-                                 "the same request again (s)"], rows))
-    print(f"warm-up replay at load: {summary['warmed']['warmup_seconds']:.2f} s "
-          f"(requests of {summary['warmed']['warmup_requests']} sentences)")
-    payload = {"benchmark": "serving_warmup", "export_dir": args.export_dir, "sizes": sizes,
-               "rounds": rounds, "summary": summary, "machine": common.machine_info(),
-               "versions": common.package_versions(["tensorflow", "tensorflow-text", "tensorflow-serving-api"])}
+    rows = [
+        [
+            f"{size} sentence" + ("" if size == "1" else "s"),
+            f"{summary['cold']['first'][size]:.3f}",
+            f"{summary['warmed']['first'][size]:.3f}",
+            f"{summary['cold']['again'][size]:.3f}",
+        ]
+        for size in summary["cold"]["first"]
+    ]
+    print(
+        common.markdown_table(
+            ["request", "first after loading (s)", "first after the warm-up (s)", "the same request again (s)"], rows
+        )
+    )
+    print(
+        f"warm-up replay at load: {summary['warmed']['warmup_seconds']:.2f} s "
+        f"(requests of {summary['warmed']['warmup_requests']} sentences)"
+    )
+    payload = {
+        "benchmark": "serving_warmup",
+        "export_dir": args.export_dir,
+        "sizes": sizes,
+        "rounds": rounds,
+        "summary": summary,
+        "machine": common.machine_info(),
+        "versions": common.package_versions(["tensorflow", "tensorflow-text", "tensorflow-serving-api"]),
+    }
     common.write_json(args.json, payload)
     return payload
 

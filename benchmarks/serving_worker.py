@@ -1,7 +1,9 @@
 """One translation engine in its own process, timed on command (`decode_serving.py` drives it).
 
-    python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUESTS CONCURRENCY [INTRA INTER [KERNELS]]
-    python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA COMPUTE_TYPE [GEMM]
+    python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUESTS CONCURRENCY \
+        [INTRA INTER [KERNELS]]
+    python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA \
+        COMPUTE_TYPE [GEMM]
     python benchmarks/serving_worker.py translator MODEL SENTENCES_FILE BATCH_SIZE WORKERS [KERNELS [THREADS]]
 
 "savedmodel" imports only tensorflow and tensorflow_text, as a model server
@@ -55,8 +57,9 @@ def _choose_kernels(kernels):
         raise ValueError(f"kernels must be 'default' or 'onednn', got {kernels!r}")
 
 
-def savedmodel_engine(export_dir, sentences, requests, concurrency, intra="default", inter="default",
-                      kernels="default"):
+def savedmodel_engine(
+    export_dir, sentences, requests, concurrency, intra="default", inter="default", kernels="default"
+):
     _choose_kernels(kernels)
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
@@ -116,15 +119,21 @@ def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compu
     import sentencepiece
 
     processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir, "sentencepiece.model"))
-    translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
-                                        inter_threads=int(inter), intra_threads=int(intra))
+    translator = ctranslate2.Translator(
+        model_dir, device="cpu", compute_type=compute_type, inter_threads=int(inter), intra_threads=int(intra)
+    )
     pieces = [processor.encode(s, out_type=str) for s in sentences]
     # Our SavedModel allows each sentence its source length (with the end token) + 50 tokens.
     longest = max(len(p) for p in pieces) + 1 + EXTRA_LENGTH
 
     def translate():
-        results = translator.translate_batch(pieces, beam_size=BEAM_SIZE, length_penalty=LENGTH_PENALTY,
-                                             max_batch_size=int(max_batch_size), max_decoding_length=longest)
+        results = translator.translate_batch(
+            pieces,
+            beam_size=BEAM_SIZE,
+            length_penalty=LENGTH_PENALTY,
+            max_batch_size=int(max_batch_size),
+            max_decoding_length=longest,
+        )
         return [processor.decode(r.hypotheses[0]) for r in results]
 
     return translate
@@ -138,15 +147,21 @@ def main(argv):
     translate = engines[kind](path, sentences, *options)
     started = time.perf_counter()
     output = translate()  # warm-up: traces, allocates, spins up threads
-    print(json.dumps({"ready": True, "warmup_seconds": time.perf_counter() - started,
-                      "peak_rss_mb": common.window_peak_rss_mb()}), flush=True)
+    print(
+        json.dumps(
+            {"ready": True, "warmup_seconds": time.perf_counter() - started, "peak_rss_mb": common.window_peak_rss_mb()}
+        ),
+        flush=True,
+    )
     for line in sys.stdin:
         command = line.split()
         if command[0] == "run":
             started = time.perf_counter()
             output = translate()
-            print(json.dumps({"seconds": time.perf_counter() - started, "peak_rss_mb": common.window_peak_rss_mb()}),
-                  flush=True)
+            print(
+                json.dumps({"seconds": time.perf_counter() - started, "peak_rss_mb": common.window_peak_rss_mb()}),
+                flush=True,
+            )
         elif command[0] == "translations":
             with open(command[1], "w", encoding="utf-8") as f:
                 f.write("".join(t.replace("\n", " ") + "\n" for t in output))

@@ -164,8 +164,12 @@ def ours_system(args, precision, batches):
             keras_fit(model, keras_dataset(batches), args.warmup_steps)
         return keras_runner(model, batches, args.steps, policy)
 
-    return common.System(f"ours {precision}", setup, baseline=f"ours {precision}",
-                         info={"policy": policy, "path": "Transformer + compile() + fit()"})
+    return common.System(
+        f"ours {precision}",
+        setup,
+        baseline=f"ours {precision}",
+        info={"policy": policy, "path": "Transformer + compile() + fit()"},
+    )
 
 
 class KerasHubSeq2Seq:
@@ -186,13 +190,15 @@ class KerasHubSeq2Seq:
                 self.source_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
                 self.target_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
                 self.encoder_layers = [
-                    keras_hub.layers.TransformerEncoder(d_ff, num_heads, dropout=dropout, dtype=self.dtype_policy,
-                                                        name=f"encoder_{i}")
+                    keras_hub.layers.TransformerEncoder(
+                        d_ff, num_heads, dropout=dropout, dtype=self.dtype_policy, name=f"encoder_{i}"
+                    )
                     for i in range(num_layers)
                 ]
                 self.decoder_layers = [
-                    keras_hub.layers.TransformerDecoder(d_ff, num_heads, dropout=dropout, dtype=self.dtype_policy,
-                                                        name=f"decoder_{i}")
+                    keras_hub.layers.TransformerDecoder(
+                        d_ff, num_heads, dropout=dropout, dtype=self.dtype_policy, name=f"decoder_{i}"
+                    )
                     for i in range(num_layers)
                 ]
                 self.num_layers, self.num_heads, self.d_model = num_layers, num_heads, d_model
@@ -213,7 +219,8 @@ class KerasHubSeq2Seq:
                 y = self.target_dropout(self.embedding(target_ids), training=training)
                 for layer in self.decoder_layers:
                     y = layer(
-                        y, memory,
+                        y,
+                        memory,
                         decoder_padding_mask=ops.not_equal(target_ids, 0),
                         encoder_padding_mask=ops.not_equal(source_ids, 0),
                         training=training,
@@ -230,7 +237,7 @@ def keras_hub_system(args, precision, batches):
         try:
             import keras_hub  # noqa: F401
         except ImportError:
-            raise common.Skip("keras-hub is not installed (pip install -e '.[bench]')")
+            raise common.Skip("keras-hub is not installed (pip install -e '.[bench]')") from None
         import keras
 
         from keras_transformer import TransformerSchedule
@@ -247,8 +254,7 @@ def keras_hub_system(args, precision, batches):
             keras_fit(model, keras_dataset(batches), args.warmup_steps)
         return keras_runner(model, batches, args.steps, policy)
 
-    return common.System(f"keras-hub {precision}", setup, baseline=f"ours {precision}",
-                         info={"policy": policy})
+    return common.System(f"keras-hub {precision}", setup, baseline=f"ours {precision}", info={"policy": policy})
 
 
 def torch_system(args, precision, batches):
@@ -256,7 +262,7 @@ def torch_system(args, precision, batches):
         try:
             import torch
         except ImportError:
-            raise common.Skip("torch is not installed (pip install -e '.[bench]')")
+            raise common.Skip("torch is not installed (pip install -e '.[bench]')") from None
         from torch import nn
 
         torch.set_num_threads(args.threads)
@@ -276,9 +282,13 @@ def torch_system(args, precision, batches):
                 self.register_buffer("positions", table)
                 self.dropout = nn.Dropout(args.dropout)
                 self.transformer = nn.Transformer(
-                    d_model=d, nhead=shape["num_heads"], num_encoder_layers=shape["num_layers"],
-                    num_decoder_layers=shape["num_layers"], dim_feedforward=shape["d_ff"],
-                    dropout=args.dropout, batch_first=True,
+                    d_model=d,
+                    nhead=shape["num_heads"],
+                    num_encoder_layers=shape["num_layers"],
+                    num_decoder_layers=shape["num_layers"],
+                    dim_feedforward=shape["d_ff"],
+                    dropout=args.dropout,
+                    batch_first=True,
                 )
 
             def embed(self, ids):
@@ -289,8 +299,12 @@ def torch_system(args, precision, batches):
                 causal = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
                 source_pad, target_pad = source.eq(PAD), target.eq(PAD)
                 y = self.transformer(
-                    self.embed(source), self.embed(target), tgt_mask=causal, tgt_is_causal=True,
-                    src_key_padding_mask=source_pad, tgt_key_padding_mask=target_pad,
+                    self.embed(source),
+                    self.embed(target),
+                    tgt_mask=causal,
+                    tgt_is_causal=True,
+                    src_key_padding_mask=source_pad,
+                    tgt_key_padding_mask=target_pad,
                     memory_key_padding_mask=source_pad,
                 )
                 return nn.functional.linear(y, self.embedding.weight)
@@ -327,9 +341,12 @@ def torch_system(args, precision, batches):
 
         return run
 
-    return common.System(f"torch {precision}", setup, baseline=f"ours {precision}",
-                         info={"autocast": "bfloat16" if precision == "bf16" else None,
-                               "threads": args.threads})
+    return common.System(
+        f"torch {precision}",
+        setup,
+        baseline=f"ours {precision}",
+        info={"autocast": "bfloat16" if precision == "bf16" else None, "threads": args.threads},
+    )
 
 
 # Matmul roof -------------------------------------------------------------------------
@@ -398,10 +415,11 @@ def profile_ours(args, batches):
         common.log("no .xplane.pb written")
         return
     by_type, by_name, total = top_ops(paths[-1])
-    print(f"\n### Profile: ours {precision}, {args.shape} shape, {args.profile_steps} steps "
-          f"({paths[-1]})\n")
-    print(f"Self time of TensorFlow ops on the host threads, all threads summed: {total / 1e12:.2f} s "
-          f"for {args.profile_steps} steps.\n")
+    print(f"\n### Profile: ours {precision}, {args.shape} shape, {args.profile_steps} steps ({paths[-1]})\n")
+    print(
+        f"Self time of TensorFlow ops on the host threads, all threads summed: {total / 1e12:.2f} s "
+        f"for {args.profile_steps} steps.\n"
+    )
     rows = [(t, f"{s / 1e9:,.1f}", f"{100 * s / total:.1f}%", c) for t, (s, c) in by_type[: args.profile_top]]
     print(common.markdown_table(["op type", "self ms", "share", "count"], rows))
     print()
@@ -455,8 +473,9 @@ def top_ops(xplane_path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
     parser.add_argument("--steps", type=int, default=20, help="training steps per timed run")
     parser.add_argument("--warmup-steps", type=int, default=3)
@@ -468,22 +487,28 @@ def main(argv=None):
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--padding", choices=["none", "random"], default="none")
     parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
-    parser.add_argument("--only", default=None,
-                        help="comma-separated name prefixes, e.g. 'ours' or 'ours,torch bf16' "
-                             "(default: all; for --shape base: ours, keras-hub)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated name prefixes, e.g. 'ours' or 'ours,torch bf16' "
+        "(default: all; for --shape base: ours, keras-hub)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     parser.add_argument("--no-roof", action="store_true", help="skip the matmul roof measurement")
     parser.add_argument("--json", default=None, help="write results to this JSON file")
     parser.add_argument("--plot", default=None, help="write a bar chart PNG (matplotlib)")
-    parser.add_argument("--profile", default=None, metavar="DIR",
-                        help="instead of benchmarking, trace ours with the TF profiler into DIR and print top ops")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="instead of benchmarking, trace ours with the TF profiler into DIR and print top ops",
+    )
     parser.add_argument("--profile-precision", choices=sorted(POLICIES), default="bf16")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--profile-top", type=int, default=15)
     args = parser.parse_args(argv)
 
-    batches = make_batches(8, args.batch_size, args.source_length, args.target_length, args.vocab_size,
-                           args.padding)
+    batches = make_batches(8, args.batch_size, args.source_length, args.target_length, args.vocab_size, args.padding)
     if args.profile:
         profile_ours(args, batches)
         return
@@ -506,12 +531,26 @@ def main(argv=None):
         roof_after = measure_roof()
         roof = {p: {k: max(v, roof_after[p][k]) for k, v in roof[p].items()} for p in roof}
 
-    shape = dict(SHAPES[args.shape], vocab_size=args.vocab_size, source_length=args.source_length,
-                 target_length=args.target_length)
+    shape = dict(
+        SHAPES[args.shape],
+        vocab_size=args.vocab_size,
+        source_length=args.source_length,
+        target_length=args.target_length,
+    )
     flops_per_token = train_flops_per_target_token(**shape)
     ratios = common.ratio_to_baseline(results, "tokens")
-    headers = ["system", "target tok/s (median)", "min–max", "× ours", "ms/step", "model GFLOP/s",
-               "% of matmul roof", "setup s", "+RSS MiB", "peak RSS MiB"]
+    headers = [
+        "system",
+        "target tok/s (median)",
+        "min–max",
+        "× ours",
+        "ms/step",
+        "model GFLOP/s",
+        "% of matmul roof",
+        "setup s",
+        "+RSS MiB",
+        "peak RSS MiB",
+    ]
     rows = []
     for r in results:
         if r.skipped:
@@ -523,38 +562,61 @@ def main(argv=None):
         precision = r.name.rsplit(" ", 1)[-1]
         utilization = (100 * gflops / roof[precision]["square_1024"]) if roof else float("nan")
         step_ms = 1000 * common.median([s / args.steps for s in r.seconds])
-        rows.append([r.name, common.fmt(rate), f"{min(rates):,.0f}–{max(rates):,.0f}",
-                     common.fmt(ratios[r.name], ".2f"), common.fmt(step_ms, ".0f"), common.fmt(gflops, ".1f"),
-                     common.fmt(utilization, ".1f"), common.fmt(r.setup_seconds, ".1f"),
-                     common.fmt(r.setup_rss_mb), common.fmt(r.peak_rss_mb)])
+        rows.append(
+            [
+                r.name,
+                common.fmt(rate),
+                f"{min(rates):,.0f}–{max(rates):,.0f}",
+                common.fmt(ratios[r.name], ".2f"),
+                common.fmt(step_ms, ".0f"),
+                common.fmt(gflops, ".1f"),
+                common.fmt(utilization, ".1f"),
+                common.fmt(r.setup_seconds, ".1f"),
+                common.fmt(r.setup_rss_mb),
+                common.fmt(r.peak_rss_mb),
+            ]
+        )
 
     versions = common.package_versions(["tensorflow", "keras", "keras-hub", "torch", "numpy"])
-    print(f"\n### Training throughput, {args.shape} shape ({shape['num_layers']}+{shape['num_layers']} layers, "
-          f"d_model {shape['d_model']}, {shape['num_heads']} heads, d_ff {shape['d_ff']}, vocab {args.vocab_size})\n")
-    print(f"Batch {args.batch_size} x {args.source_length} source + {args.target_length} target tokens, "
-          f"padding: {args.padding}; {args.steps} steps per run, {args.repeats} alternating rounds, "
-          f"median shown. × ours = system / ours of the same precision.\n")
+    print(
+        f"\n### Training throughput, {args.shape} shape ({shape['num_layers']}+{shape['num_layers']} layers, "
+        f"d_model {shape['d_model']}, {shape['num_heads']} heads, d_ff {shape['d_ff']}, vocab {args.vocab_size})\n"
+    )
+    print(
+        f"Batch {args.batch_size} x {args.source_length} source + {args.target_length} target tokens, "
+        f"padding: {args.padding}; {args.steps} steps per run, {args.repeats} alternating rounds, "
+        f"median shown. × ours = system / ours of the same precision.\n"
+    )
     print(common.markdown_table(headers, rows))
     print(f"\nModel FLOP per target token (training, matmuls): {flops_per_token / 1e6:.1f} MFLOP.")
     if roof:
-        print("Matmul roof (TF, same process, best of before/after): "
-              + "; ".join(f"{p} {v['square_1024']:.1f} GFLOP/s (1024^3), {v['model_2048x256x1024']:.1f} "
-                          f"(2048x256x1024)" for p, v in roof.items()))
-    print(f"Peak RSS of the process: {common.process_peak_rss_mb():,.0f} MiB. "
-          f"Load average: start {machine['load_average_at_start']}, end {machine['load_average_at_end']}; "
-          f"{machine.get('cpu', '?')}, {machine['cpu_count']} CPUs.")
+        print(
+            "Matmul roof (TF, same process, best of before/after): "
+            + "; ".join(
+                f"{p} {v['square_1024']:.1f} GFLOP/s (1024^3), {v['model_2048x256x1024']:.1f} (2048x256x1024)"
+                for p, v in roof.items()
+            )
+        )
+    print(
+        f"Peak RSS of the process: {common.process_peak_rss_mb():,.0f} MiB. "
+        f"Load average: start {machine['load_average_at_start']}, end {machine['load_average_at_end']}; "
+        f"{machine.get('cpu', '?')}, {machine['cpu_count']} CPUs."
+    )
     print("Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
 
-    common.write_json(args.json, {
-        "benchmark": "train_throughput",
-        "args": vars(args),
-        "shape": shape,
-        "flops_per_target_token": flops_per_token,
-        "matmul_roof_gflops": roof,
-        "machine": machine,
-        "versions": versions,
-        "results": common.results_payload(results, ["tokens"]),
-    })
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "train_throughput",
+            "args": vars(args),
+            "shape": shape,
+            "flops_per_target_token": flops_per_token,
+            "matmul_roof_gflops": roof,
+            "machine": machine,
+            "versions": versions,
+            "results": common.results_payload(results, ["tokens"]),
+        },
+    )
     common.plot_bars(args.plot, results, "tokens", f"Training throughput ({args.shape}), target tokens/s")
 
 

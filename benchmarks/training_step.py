@@ -101,6 +101,7 @@ def loss_rows(vocab_size, repeats=30):
 
     def step(undo):
         with undo():  # at trace time, like the training systems
+
             @tf.function
             def run(logits):
                 with tf.GradientTape() as tape:
@@ -142,22 +143,32 @@ def main(argv=None):
     ]
     results = common.run_alternating(systems, args.repeats)
     ratios = common.paired_ratios(results, BASELINE)
-    print(common.markdown_table(
-        ["training (small, mixed_bfloat16)", "target tokens/s (median)", "paired ratio to ours"],
-        [(r.name, common.fmt(r.median_rate("tokens")), common.fmt(ratios[r.name], ".3f")) for r in results]))
+    print(
+        common.markdown_table(
+            ["training (small, mixed_bfloat16)", "target tokens/s (median)", "paired ratio to ours"],
+            [(r.name, common.fmt(r.median_rate("tokens")), common.fmt(ratios[r.name], ".3f")) for r in results],
+        )
+    )
     losses = loss_rows(args.vocab_size)
     print()
-    print(common.markdown_table([f"loss fwd+bwd, [64, 32, {args.vocab_size}] bf16 logits", "ms (median)"],
-                                [(row["loss"], row["ms"]) for row in losses]))
-    common.write_json(args.json, {
-        "benchmark": "training_step",
-        "args": vars(args),
-        "machine": {**machine, "load_average_at_end": common.load_average()},
-        "versions": common.package_versions(["tensorflow", "keras"]),
-        "results": common.results_payload(results, ["tokens"]),
-        "paired_ratio_to_ours": ratios,
-        "loss_forward_backward": losses,
-    })
+    print(
+        common.markdown_table(
+            [f"loss fwd+bwd, [64, 32, {args.vocab_size}] bf16 logits", "ms (median)"],
+            [(row["loss"], row["ms"]) for row in losses],
+        )
+    )
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "training_step",
+            "args": vars(args),
+            "machine": {**machine, "load_average_at_end": common.load_average()},
+            "versions": common.package_versions(["tensorflow", "keras"]),
+            "results": common.results_payload(results, ["tokens"]),
+            "paired_ratio_to_ours": ratios,
+            "loss_forward_backward": losses,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -73,10 +73,14 @@ def summarize(times, outputs, baseline, count):
         for phase in ("cold", "warm"):
             seconds = [run[phase] for run in runs]
             ratios = [base[phase] / run[phase] for base, run in zip(times[baseline], runs)]
-            entry[phase] = {"sentences_per_second": common.median([count / s for s in seconds]), "seconds": seconds,
-                            "median_ratio_to_baseline": common.median(ratios)}
+            entry[phase] = {
+                "sentences_per_second": common.median([count / s for s in seconds]),
+                "seconds": seconds,
+                "median_ratio_to_baseline": common.median(ratios),
+            }
         entry["identical_to_baseline"] = round(
-            sum(a == b for a, b in zip(outputs[candidate], outputs[baseline])) / count, 3)
+            sum(a == b for a, b in zip(outputs[candidate], outputs[baseline])) / count, 3
+        )
         results[label(candidate)] = entry
     return results
 
@@ -84,15 +88,25 @@ def summarize(times, outputs, baseline, count):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", nargs="?", default="runs/multi30k_en_de")
-    parser.add_argument("--batch-sizes", default=DEFAULT_BATCH_SIZES,
-                        help="comma-separated; the first is the baseline (default %(default)s)")
-    parser.add_argument("--source", choices=("export", "run_dir"), default="export",
-                        help="translate through a SavedModel export of the run (default) or the run directory")
+    parser.add_argument(
+        "--batch-sizes",
+        default=DEFAULT_BATCH_SIZES,
+        help="comma-separated; the first is the baseline (default %(default)s)",
+    )
+    parser.add_argument(
+        "--source",
+        choices=("export", "run_dir"),
+        default="export",
+        help="translate through a SavedModel export of the run (default) or the run directory",
+    )
     parser.add_argument("--precision", default="float32", help="the export's precision (default %(default)s)")
-    parser.add_argument("--threads", default="cli",
-                        help="TensorFlow's thread pools to time, comma-separated: cli (as the command line sets "
-                             "them) and/or default (TensorFlow's own); the first is the baseline's "
-                             "(default %(default)s)")
+    parser.add_argument(
+        "--threads",
+        default="cli",
+        help="TensorFlow's thread pools to time, comma-separated: cli (as the command line sets "
+        "them) and/or default (TensorFlow's own); the first is the baseline's "
+        "(default %(default)s)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
@@ -112,31 +126,64 @@ def main(argv=None):
     times, outputs = {c: [] for c in tried}, {}
     with tempfile.TemporaryDirectory(prefix="translate_batching_") as work_dir:
         sentences_file = decode_serving.write_sentences_file(work_dir, sources)
-        model = args.run_dir if args.source == "run_dir" else export_saved_model(
-            args.run_dir, os.path.join(work_dir, "export"), version=1, beam_size=decode_serving.BEAM_SIZE,
-            alpha=decode_serving.ALPHA, dtype=args.precision)
+        model = (
+            args.run_dir
+            if args.source == "run_dir"
+            else export_saved_model(
+                args.run_dir,
+                os.path.join(work_dir, "export"),
+                version=1,
+                beam_size=decode_serving.BEAM_SIZE,
+                alpha=decode_serving.ALPHA,
+                dtype=args.precision,
+            )
+        )
         for round_index in range(args.rounds):
             for candidate in tried:
-                cold, warm, outputs[candidate] = time_once(candidate, model, sentences_file,
-                                                           os.path.join(work_dir, "out.de"))
+                cold, warm, outputs[candidate] = time_once(
+                    candidate, model, sentences_file, os.path.join(work_dir, "out.de")
+                )
                 times[candidate].append({"cold": cold, "warm": warm})
-                common.log(f"[round {round_index + 1}/{args.rounds}] {label(candidate)}: "
-                           f"cold {cold:.2f} s, warm {warm:.2f} s")
+                common.log(
+                    f"[round {round_index + 1}/{args.rounds}] {label(candidate)}: cold {cold:.2f} s, warm {warm:.2f} s"
+                )
     results = summarize(times, outputs, baseline, len(sources))
     for candidate in tried:
         results[label(candidate)]["tok_bleu"] = round(corpus_scores(outputs[candidate], references)["tok_bleu"], 2)
-    rows = [[name, *(common.fmt(r[phase][key], spec) for phase in ("cold", "warm")
-                     for key, spec in (("sentences_per_second", ".1f"), ("median_ratio_to_baseline", ".2f"))),
-             r["identical_to_baseline"], r["tok_bleu"]] for name, r in results.items()]
-    print(common.markdown_table(["candidate", "cold sent/s", "x base", "warm sent/s", "x base", "identical",
-                                 "tok BLEU"], rows))
-    payload = {"benchmark": "translate_batching", "run_dir": args.run_dir, "source": args.source,
-               "precision": args.precision if args.source == "export" else "the run's",
-               "sentences": len(sources), "beam_size": decode_serving.BEAM_SIZE, "alpha": decode_serving.ALPHA,
-               "workers": WORKERS, "threads": list(threads), "rounds": args.rounds, "baseline": label(baseline),
-               "machine": machine,
-               "results": results,
-               "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras"])}
+    rows = [
+        [
+            name,
+            *(
+                common.fmt(r[phase][key], spec)
+                for phase in ("cold", "warm")
+                for key, spec in (("sentences_per_second", ".1f"), ("median_ratio_to_baseline", ".2f"))
+            ),
+            r["identical_to_baseline"],
+            r["tok_bleu"],
+        ]
+        for name, r in results.items()
+    ]
+    print(
+        common.markdown_table(
+            ["candidate", "cold sent/s", "x base", "warm sent/s", "x base", "identical", "tok BLEU"], rows
+        )
+    )
+    payload = {
+        "benchmark": "translate_batching",
+        "run_dir": args.run_dir,
+        "source": args.source,
+        "precision": args.precision if args.source == "export" else "the run's",
+        "sentences": len(sources),
+        "beam_size": decode_serving.BEAM_SIZE,
+        "alpha": decode_serving.ALPHA,
+        "workers": WORKERS,
+        "threads": list(threads),
+        "rounds": args.rounds,
+        "baseline": label(baseline),
+        "machine": machine,
+        "results": results,
+        "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras"]),
+    }
     common.write_json(args.json, payload)
     return payload
 

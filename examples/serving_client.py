@@ -39,8 +39,7 @@ import urllib.request
 SIGNATURE = "serving_default"
 
 
-def translate_grpc(sentences, host="localhost", port=8500, model="multi30k_en_de", version=None,
-                   timeout=60.0):
+def translate_grpc(sentences, host="localhost", port=8500, model="multi30k_en_de", version=None, timeout=60.0):
     """`PredictionService.Predict` over gRPC -> (translations, scores) as Python lists."""
     if not sentences:  # nothing to send; the model would answer with empty outputs
         return [], []
@@ -65,15 +64,15 @@ def translate_grpc(sentences, host="localhost", port=8500, model="multi30k_en_de
     return translations, scores
 
 
-def translate_rest(sentences, host="localhost", port=8501, model="multi30k_en_de", version=None,
-                   timeout=60.0):
+def translate_rest(sentences, host="localhost", port=8501, model="multi30k_en_de", version=None, timeout=60.0):
     """`POST /v1/models/<model>[/versions/<v>]:predict` (columnar JSON) -> (translations, scores)."""
     if not sentences:
         return [], []
     path = f"/v1/models/{model}" + (f"/versions/{int(version)}" if version is not None else "") + ":predict"
     body = json.dumps({"signature_name": SIGNATURE, "inputs": {"inputs": list(sentences)}}).encode("utf-8")
-    request = urllib.request.Request(f"http://{host}:{port}{path}", data=body,
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        f"http://{host}:{port}{path}", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             answer = json.loads(response.read().decode("utf-8"))
@@ -117,8 +116,9 @@ def main(argv=None):
                     translation = translation.replace("\n", " ")
                     print(f"{score:.4f}\t{translation}" if args.scores else translation, flush=True)
     except Exception as error:  # noqa: BLE001 - the server's or the network's, said in one line
-        raise SystemExit(f"serving_client: {args.host}:{port} ({'REST' if args.rest else 'gRPC'}): "
-                         f"{describe_error(error)}") from None
+        raise SystemExit(
+            f"serving_client: {args.host}:{port} ({'REST' if args.rest else 'gRPC'}): {describe_error(error)}"
+        ) from None
     return 0
 
 

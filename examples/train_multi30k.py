@@ -104,16 +104,33 @@ def build_parser():
     )
     train_cli.add_training_arguments(parser, DEMO_DEFAULTS)
     evaluation = parser.add_argument_group("evaluation and export")
-    evaluation.add_argument("--eval-split", default="test2016", choices=corpora.MULTI30K_SPLITS,
-                            help="Multi30k split to score (default test2016)")
-    evaluation.add_argument("--eval-limit", type=int, default=None,
-                            help="score only the first N sentences (default all 1000)")
-    evaluation.add_argument("--beam", type=int, default=DEMO_BEAM_SIZE,
-                            help="beam size (default %(default)s, chosen on validation BLEU; the paper's is 4, §6.1)")
-    evaluation.add_argument("--alpha", type=float, default=DEMO_ALPHA,
-                            help="length penalty (default %(default)s, chosen on validation BLEU; the paper's is 0.6)")
-    evaluation.add_argument("--eval-batch-size", type=int, default=DEFAULT_TRANSLATE_BATCH_SIZE,
-                            help="the most sentences per decoding call (default %(default)s)")
+    evaluation.add_argument(
+        "--eval-split",
+        default="test2016",
+        choices=corpora.MULTI30K_SPLITS,
+        help="Multi30k split to score (default test2016)",
+    )
+    evaluation.add_argument(
+        "--eval-limit", type=int, default=None, help="score only the first N sentences (default all 1000)"
+    )
+    evaluation.add_argument(
+        "--beam",
+        type=int,
+        default=DEMO_BEAM_SIZE,
+        help="beam size (default %(default)s, chosen on validation BLEU; the paper's is 4, §6.1)",
+    )
+    evaluation.add_argument(
+        "--alpha",
+        type=float,
+        default=DEMO_ALPHA,
+        help="length penalty (default %(default)s, chosen on validation BLEU; the paper's is 0.6)",
+    )
+    evaluation.add_argument(
+        "--eval-batch-size",
+        type=int,
+        default=DEFAULT_TRANSLATE_BATCH_SIZE,
+        help="the most sentences per decoding call (default %(default)s)",
+    )
     evaluation.add_argument("--samples", type=int, default=5, help="sample translations to print")
     evaluation.add_argument("--export-dir", default=EXPORT_DIR, help=f"SavedModel directory (default {EXPORT_DIR})")
     evaluation.add_argument("--no-export", dest="export", action="store_false", help="do not export a SavedModel")
@@ -161,8 +178,11 @@ def training_args(namespace, native_precision=None, has_gpu=None):
     dropout = demo_dropout(precision, native_precision, has_gpu)
     if dropout is None:
         return args
-    print(f"Dropout {dropout:g} (the paper's is 0.1): in {precision} on this CPU, {args.time_budget:g} minutes "
-          "train ~6 epochs, too few for dropout to pay (--dropout 0.1 keeps it).", flush=True)
+    print(
+        f"Dropout {dropout:g} (the paper's is 0.1): in {precision} on this CPU, {args.time_budget:g} minutes "
+        "train ~6 epochs, too few for dropout to pay (--dropout 0.1 keeps it).",
+        flush=True,
+    )
     return dataclasses.replace(args, overrides={**args.overrides, "dropout": dropout})
 
 
@@ -170,8 +190,12 @@ def machine():
     """The CPU the demo ran on, as its figures should be quoted: model, family, cores, bfloat16 features."""
     from keras_transformer.training.strategy import cpu_flags, cpu_identity
 
-    return dict(**cpu_identity(), cpu_count=os.cpu_count(), load_average=list(os.getloadavg()),
-                flags=sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
+    return dict(
+        **cpu_identity(),
+        cpu_count=os.cpu_count(),
+        load_average=list(os.getloadavg()),
+        flags=sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}),
+    )
 
 
 def versions():
@@ -184,8 +208,9 @@ def check_evaluation_options(parser, namespace):
     """Refuses, before training, what would only fail once the model is trained."""
     for flag, lang in (("--src", namespace.src), ("--tgt", namespace.tgt)):
         if lang not in corpora.MULTI30K_LANGUAGES:
-            parser.error(f"{flag} {lang}: the demo scores Multi30k, whose languages are "
-                         f"{', '.join(corpora.MULTI30K_LANGUAGES)}.")
+            parser.error(
+                f"{flag} {lang}: the demo scores Multi30k, whose languages are {', '.join(corpora.MULTI30K_LANGUAGES)}."
+            )
     if not 1 <= namespace.eval_batch_size <= MAX_BATCH_SIZE:
         parser.error(f"--eval-batch-size must be between 1 and {MAX_BATCH_SIZE}, got {namespace.eval_batch_size}.")
 
@@ -211,26 +236,41 @@ def main(argv=None):
     references = corpora.read_lines(namespace.eval_split, args.tgt)
     if namespace.eval_limit:
         sources, references = sources[: namespace.eval_limit], references[: namespace.eval_limit]
-    print(f"\nTranslating {len(sources)} sentences of Multi30k {namespace.eval_split} "
-          f"({args.src}->{args.tgt}, beam {namespace.beam}, alpha {namespace.alpha}) ...", flush=True)
+    print(
+        f"\nTranslating {len(sources)} sentences of Multi30k {namespace.eval_split} "
+        f"({args.src}->{args.tgt}, beam {namespace.beam}, alpha {namespace.alpha}) ...",
+        flush=True,
+    )
     started = time.perf_counter()
     translator = Translator(result.model, result.tokenizer, beam_size=namespace.beam, alpha=namespace.alpha)
     hypotheses = translator.translate(sources, batch_size=namespace.eval_batch_size)
     decode_seconds = time.perf_counter() - started
     scores = corpus_scores(hypotheses, references, lang=args.tgt)
-    print(f"\nMulti30k {namespace.eval_split} {args.src}->{args.tgt}, {len(sources)} sentences, "
-          f"step {result.step} ({decode_seconds:.0f} s to translate):")
+    print(
+        f"\nMulti30k {namespace.eval_split} {args.src}->{args.tgt}, {len(sources)} sentences, "
+        f"step {result.step} ({decode_seconds:.0f} s to translate):"
+    )
     print(format_scores(scores))
 
     with open(os.path.join(result.run_dir, f"{namespace.eval_split}.hyp.{args.tgt}"), "w", encoding="utf-8") as f:
         f.write("\n".join(hypotheses) + "\n")
     report = dict(
-        split=namespace.eval_split, step=result.step, beam=namespace.beam,
-        alpha=namespace.alpha, train_seconds=round(train_seconds, 1), decode_seconds=round(decode_seconds, 1),
-        tokens_per_sec=result.tokens_per_sec, val_metrics=result.val_metrics, **scores,
+        split=namespace.eval_split,
+        step=result.step,
+        beam=namespace.beam,
+        alpha=namespace.alpha,
+        train_seconds=round(train_seconds, 1),
+        decode_seconds=round(decode_seconds, 1),
+        tokens_per_sec=result.tokens_per_sec,
+        val_metrics=result.val_metrics,
+        **scores,
         epochs=round(result.step / read_config(result.run_dir)["data"]["steps_per_epoch"], 2),
-        best_val_bleu=result.best_val_bleu, command=command, training=args.to_dict(), machine=machine(),
-        versions=versions(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        best_val_bleu=result.best_val_bleu,
+        command=command,
+        training=args.to_dict(),
+        machine=machine(),
+        versions=versions(),
+        date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
     report_path = os.path.join(result.run_dir, f"{namespace.eval_split}_scores.json")
 
@@ -240,13 +280,33 @@ def main(argv=None):
 
     report["export_path"] = None
     if namespace.export:
-        metadata = {key: report[key] for key in ("command", "machine", "date", "step", "epochs", "train_seconds",
-                                                  "val_metrics", "best_val_bleu", "beam", "alpha", "sentences")}
+        metadata = {
+            key: report[key]
+            for key in (
+                "command",
+                "machine",
+                "date",
+                "step",
+                "epochs",
+                "train_seconds",
+                "val_metrics",
+                "best_val_bleu",
+                "beam",
+                "alpha",
+                "sentences",
+            )
+        }
         metadata[namespace.eval_split] = {key: scores[key] for key in scores}
         # float32: the committed model must serve at full speed on any CPU (`keras-transformer export`'s
         # default, --precision auto, would write bfloat16 on a CPU with AVX512_BF16).
-        path = export_saved_model(result.run_dir, namespace.export_dir, beam_size=namespace.beam, alpha=namespace.alpha,
-                                  metadata=metadata, dtype="float32")
+        path = export_saved_model(
+            result.run_dir,
+            namespace.export_dir,
+            beam_size=namespace.beam,
+            alpha=namespace.alpha,
+            metadata=metadata,
+            dtype="float32",
+        )
         report["export_path"] = str(path)
         print(f"Exported SavedModel to {path}")
     # The whole job, training to export; the peak resident memory of this process.

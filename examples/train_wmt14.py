@@ -79,11 +79,13 @@ COMMON = dict(
 
 RECIPES = {
     # Table 3 "base": N=6, d_model=512, h=8, d_ff=2048, P_drop=0.1; 100k steps (§5.2); average 5 (§6.1).
-    "base": dict(COMMON, preset="base", output="runs/wmt14_en_de_base", max_steps=100_000,
-                 checkpoint_every=1400, average_last=5),
+    "base": dict(
+        COMMON, preset="base", output="runs/wmt14_en_de_base", max_steps=100_000, checkpoint_every=1400, average_last=5
+    ),
     # Table 3 "big": N=6, d_model=1024, h=16, d_ff=4096, P_drop=0.3; 300k steps (§5.2); average 20 (§6.1).
-    "big": dict(COMMON, preset="big", output="runs/wmt14_en_de_big", max_steps=300_000,
-                checkpoint_every=600, average_last=20),
+    "big": dict(
+        COMMON, preset="big", output="runs/wmt14_en_de_big", max_steps=300_000, checkpoint_every=600, average_last=20
+    ),
 }
 
 
@@ -91,8 +93,9 @@ def build_parser(recipe):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--recipe", choices=sorted(RECIPES), default=recipe,
-                        help="the paper's base or big configuration (default base)")
+    parser.add_argument(
+        "--recipe", choices=sorted(RECIPES), default=recipe, help="the paper's base or big configuration (default base)"
+    )
     train_cli.add_training_arguments(parser, RECIPES[recipe])
     extra = parser.add_argument_group("evaluation")
     extra.add_argument("--dry-run", action="store_true", help="print the configuration and exit")
@@ -117,8 +120,10 @@ def evaluate_newstest2014(run_dir, src, tgt, beam, alpha, batch_size, limit=None
     started = time.perf_counter()
     hypotheses = translator.translate(sources, batch_size=batch_size, progress=True)
     scores = corpus_scores(hypotheses, references, lang=tgt)
-    print(f"\nnewstest2014 {src}->{tgt}, {len(sources)} sentences "
-          f"({time.perf_counter() - started:.0f} s to translate, beam {beam}, alpha {alpha}):")
+    print(
+        f"\nnewstest2014 {src}->{tgt}, {len(sources)} sentences "
+        f"({time.perf_counter() - started:.0f} s to translate, beam {beam}, alpha {alpha}):"
+    )
     print(format_scores(scores))
     print("Vaswani et al. (2017), Table 2: 27.3 (base), 28.4 (big), tokenized cased BLEU with compound splitting.")
     with open(os.path.join(run_dir, f"newstest2014.hyp.{tgt}"), "w", encoding="utf-8") as f:
@@ -150,8 +155,15 @@ def main(argv=None):
             return result
         if not result.is_chief:  # under MultiWorkerMirroredStrategy the chief evaluates
             return result
-    return evaluate_newstest2014(args.output, args.src, args.tgt, namespace.beam, namespace.alpha,
-                                 namespace.eval_batch_size, namespace.eval_limit)
+    return evaluate_newstest2014(
+        args.output,
+        args.src,
+        args.tgt,
+        namespace.beam,
+        namespace.alpha,
+        namespace.eval_batch_size,
+        namespace.eval_limit,
+    )
 
 
 if __name__ == "__main__":

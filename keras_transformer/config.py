@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Optional
+from typing import Any
 
 PRESETS = ("tiny", "mini", "small", "base", "big")
 
@@ -66,8 +66,8 @@ class TransformerConfig:
     d_model: int = 512
     num_heads: int = 8
     d_ff: int = 2048
-    key_dim: Optional[int] = None
-    value_dim: Optional[int] = None
+    key_dim: int | None = None
+    value_dim: int | None = None
     dropout: float = 0.1
     attention_dropout: float = 0.0
     label_smoothing: float = 0.1
@@ -112,49 +112,64 @@ class TransformerConfig:
                 f"got {self.positional_encoding!r}."
             )
         if not self.layer_norm_epsilon > 0:
-            raise ValueError(
-                f"TransformerConfig.layer_norm_epsilon must be positive, got {self.layer_norm_epsilon!r}."
-            )
+            raise ValueError(f"TransformerConfig.layer_norm_epsilon must be positive, got {self.layer_norm_epsilon!r}.")
 
     # Presets -----------------------------------------------------------------
 
     @classmethod
-    def base(cls, vocab_size: int = 37000, **overrides: Any) -> "TransformerConfig":
+    def base(cls, vocab_size: int = 37000, **overrides: Any) -> TransformerConfig:
         """The paper's base model (Table 3): N=6, d_model=512, h=8, d_ff=2048, P_drop=0.1."""
-        return cls(**{**dict(vocab_size=vocab_size, num_layers=6, d_model=512, num_heads=8,
-                             d_ff=2048, dropout=0.1), **overrides})
+        return cls(
+            **{
+                **dict(vocab_size=vocab_size, num_layers=6, d_model=512, num_heads=8, d_ff=2048, dropout=0.1),
+                **overrides,
+            }
+        )
 
     @classmethod
-    def big(cls, vocab_size: int = 37000, **overrides: Any) -> "TransformerConfig":
+    def big(cls, vocab_size: int = 37000, **overrides: Any) -> TransformerConfig:
         """The paper's big model (Table 3): N=6, d_model=1024, h=16, d_ff=4096, P_drop=0.3."""
-        return cls(**{**dict(vocab_size=vocab_size, num_layers=6, d_model=1024, num_heads=16,
-                             d_ff=4096, dropout=0.3), **overrides})
+        return cls(
+            **{
+                **dict(vocab_size=vocab_size, num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
+                **overrides,
+            }
+        )
 
     @classmethod
-    def small(cls, vocab_size: int = 8000, **overrides: Any) -> "TransformerConfig":
+    def small(cls, vocab_size: int = 8000, **overrides: Any) -> TransformerConfig:
         """A CPU-sized model: N=3, d_model=256, h=4, d_ff=1024, P_drop=0.1."""
-        return cls(**{**dict(vocab_size=vocab_size, num_layers=3, d_model=256, num_heads=4,
-                             d_ff=1024, dropout=0.1), **overrides})
+        return cls(
+            **{
+                **dict(vocab_size=vocab_size, num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1),
+                **overrides,
+            }
+        )
 
     @classmethod
-    def mini(cls, vocab_size: int = 8000, **overrides: Any) -> "TransformerConfig":
+    def mini(cls, vocab_size: int = 8000, **overrides: Any) -> TransformerConfig:
         """The small Transformer of Multi30k papers: N=4, d_model=128, h=4, d_ff=256, P_drop=0.3.
 
         The "Transformer-tiny" of Wu et al. (2021, fairseq; 41.0 lower-cased
         tokenized BLEU on test2016 after 8,000 updates of ~8k tokens), a
         narrower, deeper model than `small` that sees more epochs per hour.
         """
-        return cls(**{**dict(vocab_size=vocab_size, num_layers=4, d_model=128, num_heads=4,
-                             d_ff=256, dropout=0.3), **overrides})
+        return cls(
+            **{
+                **dict(vocab_size=vocab_size, num_layers=4, d_model=128, num_heads=4, d_ff=256, dropout=0.3),
+                **overrides,
+            }
+        )
 
     @classmethod
-    def tiny(cls, vocab_size: int = 8000, **overrides: Any) -> "TransformerConfig":
+    def tiny(cls, vocab_size: int = 8000, **overrides: Any) -> TransformerConfig:
         """A model for tests and smoke runs: N=2, d_model=64, h=4, d_ff=256."""
-        return cls(**{**dict(vocab_size=vocab_size, num_layers=2, d_model=64, num_heads=4,
-                             d_ff=256, dropout=0.1), **overrides})
+        return cls(
+            **{**dict(vocab_size=vocab_size, num_layers=2, d_model=64, num_heads=4, d_ff=256, dropout=0.1), **overrides}
+        )
 
     @classmethod
-    def from_preset(cls, name: str, vocab_size: int, **overrides: Any) -> "TransformerConfig":
+    def from_preset(cls, name: str, vocab_size: int, **overrides: Any) -> TransformerConfig:
         """Builds the preset called `name` (one of `PRESETS`) with overrides."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; expected one of {', '.join(PRESETS)}.")
@@ -166,7 +181,7 @@ class TransformerConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "TransformerConfig":
+    def from_dict(cls, values: dict) -> TransformerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -177,5 +192,5 @@ class TransformerConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "TransformerConfig":
+    def from_json(cls, text: str) -> TransformerConfig:
         return cls.from_dict(json.loads(text))

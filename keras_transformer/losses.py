@@ -145,7 +145,8 @@ def _weighted_loss_tf(logits, labels, weights, epsilon):
         # stop_gradient: in eager mode the tape would otherwise record the compiled call itself and
         # make it keep the intermediates of a backward pass that the custom gradient replaces.
         value, gradient = _xla_compiled_loss_and_gradient()(
-            tf.stop_gradient(logits), labels, weights, epsilon, gradient_dtype)
+            tf.stop_gradient(logits), labels, weights, epsilon, gradient_dtype
+        )
 
         def grad(upstream):
             return tf.cond(
@@ -195,8 +196,10 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     def __init__(self, label_smoothing=0.1, pad_id=PAD_ID, name="label_smoothed_cross_entropy", **kwargs):
         reduction = kwargs.get("reduction", "sum_over_batch_size")
         if reduction != "sum_over_batch_size":
-            raise ValueError(f"LabelSmoothedCrossEntropy always averages over the real tokens; reduction="
-                             f"{reduction!r} is not supported (call() returns the per-token losses).")
+            raise ValueError(
+                f"LabelSmoothedCrossEntropy always averages over the real tokens; reduction="
+                f"{reduction!r} is not supported (call() returns the per-token losses)."
+            )
         super().__init__(name=name, **kwargs)
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")

@@ -20,8 +20,8 @@ from keras_transformer.layers import (
     SharedEmbedding,
 )
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
-from keras_transformer.special_ids import PAD_ID
 from keras_transformer.optimization import create_optimizer
+from keras_transformer.special_ids import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -115,9 +115,11 @@ class Transformer(keras.Model):
             return
         d_model = self.config.d_model
         embedded = (None, None, d_model)
-        for layer in {id(l): l for l in (self.source_embedding, self.target_embedding, self.output_projection)}.values():
+        embeddings = (self.source_embedding, self.target_embedding, self.output_projection)
+        for layer in {id(layer): layer for layer in embeddings}.values():
             layer.build()
-        for layer in {id(l): l for l in (self.source_positions, self.target_positions)}.values():
+        positions = (self.source_positions, self.target_positions)
+        for layer in {id(layer): layer for layer in positions}.values():
             layer.build(embedded)
         self.encoder.build(embedded)
         self.decoder.build(embedded, embedded)
@@ -136,8 +138,9 @@ class Transformer(keras.Model):
             return_attention_scores=return_attention_scores,
         )
 
-    def decode(self, target_ids, memory, source_ids, training=None, return_attention_scores=False,
-               logits_dtype="float32"):
+    def decode(
+        self, target_ids, memory, source_ids, training=None, return_attention_scores=False, logits_dtype="float32"
+    ):
         """Decoder stack and output projection: logits `[B, T, vocab_size]` for every position.
 
         `logits_dtype=None` leaves them in the compute dtype (see `call`).
@@ -187,12 +190,15 @@ class Transformer(keras.Model):
         while loop would recompute both at every step.
         """
         cache = self.decoder.init_cache(memory, max_length)
-        cache["shared"] = {"output_kernel": self.output_projection.transposed_kernel(),
-                           "decoder_projections": self.decoder.input_projections()}
+        cache["shared"] = {
+            "output_kernel": self.output_projection.transposed_kernel(),
+            "decoder_projections": self.decoder.input_projections(),
+        }
         return cache
 
-    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
-                    self_attention_mask=None, project=True):
+    def decode_step(
+        self, target_ids, memory, source_ids, cache, cache_index, positions=None, self_attention_mask=None, project=True
+    ):
         """Decodes the steps `cache_index .. cache_index + T - 1` given the cache of earlier steps.
 
         Args:

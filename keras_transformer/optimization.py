@@ -45,11 +45,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def rate(self, step_num):
         """Equation (3) at the 1-based `step_num`."""
         step_num = ops.cast(step_num, "float32")
-        return (
-            self.scale
-            * self.d_model**-0.5
-            * ops.minimum(ops.rsqrt(step_num), step_num * self.warmup_steps**-1.5)
-        )
+        return self.scale * self.d_model**-0.5 * ops.minimum(ops.rsqrt(step_num), step_num * self.warmup_steps**-1.5)
 
     def __call__(self, step):
         return self.rate(ops.cast(step, "float32") + 1.0)
@@ -96,8 +92,10 @@ class Cooldown(keras.optimizers.schedules.LearningRateSchedule):
         return self.schedule(step) * ops.convert_to_tensor(self.factor)
 
     def get_config(self):
-        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
-                "factor": float(ops.convert_to_numpy(self.factor))}
+        return {
+            "schedule": keras.saving.serialize_keras_object(self.schedule),
+            "factor": float(ops.convert_to_numpy(self.factor)),
+        }
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -75,6 +75,7 @@ def tiny_run_dir(tmp_path_factory):
     model = Transformer(config)
     model.compile()
     model.save(path / "model.keras")
-    (path / "config.json").write_text(json.dumps(
-        {"model": config.to_dict(), "tokenizer": "spm.model", "final_model": "model.keras"}, indent=2))
+    (path / "config.json").write_text(
+        json.dumps({"model": config.to_dict(), "tokenizer": "spm.model", "final_model": "model.keras"}, indent=2)
+    )
     return str(path)

@@ -1,24 +1,24 @@
 """Worker processes for tests/test_distributed.py (tf.distribute needs a fresh process).
 
-    python tests/distributed_worker.py mirrored RUN_DIR SPM_MODEL
-        Two logical CPU devices. Trains the same tiny model (dropout 0) on the
-        same global batches twice in this process, with a learning-rate
-        cooldown over the last half: with MirroredStrategy over the two
-        devices, then on one device. Prints one JSON line: the loss
-        after every step of both runs, the per-replica target-token counts of
-        the batches, and the largest weight difference at the end.
+python tests/distributed_worker.py mirrored RUN_DIR SPM_MODEL
+    Two logical CPU devices. Trains the same tiny model (dropout 0) on the
+    same global batches twice in this process, with a learning-rate
+    cooldown over the last half: with MirroredStrategy over the two
+    devices, then on one device. Prints one JSON line: the loss
+    after every step of both runs, the per-replica target-token counts of
+    the batches, and the largest weight difference at the end.
 
-    TF_CONFIG=... python tests/distributed_worker.py multiworker RUN_DIR SPM_MODEL
-        One worker of a MultiWorkerMirroredStrategy cluster (from TF_CONFIG).
-        Trains a few steps; the run directory holds the final weights (the
-        chief in RUN_DIR, worker i in RUN_DIR/worker-i). Prints one JSON line.
+TF_CONFIG=... python tests/distributed_worker.py multiworker RUN_DIR SPM_MODEL
+    One worker of a MultiWorkerMirroredStrategy cluster (from TF_CONFIG).
+    Trains a few steps; the run directory holds the final weights (the
+    chief in RUN_DIR, worker i in RUN_DIR/worker-i). Prints one JSON line.
 
-    TF_CONFIG=... python tests/distributed_worker.py shards RUN_DIR SPM_MODEL
-        One worker of a two-worker cluster. Distributes the training batches
-        of two `fit` calls as `fit` does, with the corpus in memory and
-        streamed, and prints one JSON line: for each, whether every local
-        batch was this worker's half of the global batch the stream has at
-        that step, and digests of the global and local batches.
+TF_CONFIG=... python tests/distributed_worker.py shards RUN_DIR SPM_MODEL
+    One worker of a two-worker cluster. Distributes the training batches
+    of two `fit` calls as `fit` does, with the corpus in memory and
+    streamed, and prints one JSON line: for each, whether every local
+    batch was this worker's half of the global batch the stream has at
+    that step, and digests of the global and local batches.
 """
 
 import json
@@ -28,9 +28,20 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-TINY = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
-            warmup_steps=4, lr_scale=1.0, checkpoint_every=1000, log_every=1000, verbose=0, seed=7,
-            overrides={"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64})
+TINY = dict(
+    preset="tiny",
+    vocab_size=500,
+    batch_tokens=1024,
+    max_length=32,
+    validation_split=None,
+    warmup_steps=4,
+    lr_scale=1.0,
+    checkpoint_every=1000,
+    log_every=1000,
+    verbose=0,
+    seed=7,
+    overrides={"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64},
+)
 
 
 def _prepare(run_dir, spm_model):
@@ -96,13 +107,18 @@ def mirrored(run_dir, spm_model, steps=6):
     max_weight_diff = max(
         float(np.max(np.abs(a - b))) for a, b in zip(results["mirrored"]["weights"], results["one_device"]["weights"])
     )
-    print(json.dumps(dict(
-        replicas={k: v["replicas"] for k, v in results.items()},
-        mirrored=results["mirrored"]["losses"],
-        one_device=results["one_device"]["losses"],
-        replica_tokens=replica_tokens,
-        max_weight_diff=max_weight_diff,
-    )), flush=True)
+    print(
+        json.dumps(
+            dict(
+                replicas={k: v["replicas"] for k, v in results.items()},
+                mirrored=results["mirrored"]["losses"],
+                one_device=results["one_device"]["losses"],
+                replica_tokens=replica_tokens,
+                max_weight_diff=max_weight_diff,
+            )
+        ),
+        flush=True,
+    )
 
 
 def multiworker(run_dir, spm_model, steps=4):
@@ -119,8 +135,18 @@ def multiworker(run_dir, spm_model, steps=4):
             shutil.copy(spm_model, os.path.join(run_dir, "spm.model"))
     args = training.TrainingArgs(output=run_dir, max_steps=steps, **{**TINY, "checkpoint_every": 2})
     result = training.train(args, strategy=strategy)
-    print(json.dumps(dict(task=task, replicas=strategy.num_replicas_in_sync, step=result.step,
-                          run_dir=result.run_dir, is_chief=result.is_chief)), flush=True)
+    print(
+        json.dumps(
+            dict(
+                task=task,
+                replicas=strategy.num_replicas_in_sync,
+                step=result.step,
+                run_dir=result.run_dir,
+                is_chief=result.is_chief,
+            )
+        ),
+        flush=True,
+    )
 
 
 def shards(run_dir, spm_model, steps=3):
@@ -136,7 +162,10 @@ def shards(run_dir, spm_model, steps=3):
     worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     args = training.TrainingArgs(output=run_dir, **TINY)
     tokenizer, text = Tokenizer(spm_model), data.load_dataset("multi30k", "train")
-    digest = lambda labels: int((labels.astype(np.int64) * (1 + np.arange(labels.size).reshape(labels.shape))).sum())
+
+    def digest(labels):
+        return int((labels.astype(np.int64) * (1 + np.arange(labels.size).reshape(labels.shape))).sum())
+
     report = {}
     for name, pool_limit in (("in_memory", data.MAX_DEFAULT_POOL_SIZE), ("streamed", 1000)):
         data.MAX_DEFAULT_POOL_SIZE = pool_limit  # below the corpus's 29,000 pairs: streamed

@@ -49,9 +49,11 @@ def make_run(run_dir, vocabulary, config=CONFIG, checkpoint=None, seed=0):
 
 def test_runs_of_the_same_model_and_vocabulary_are_averaged(vocabularies, tmp_path):
     # The vocabulary trained again (other bytes), and another dropout (as a fine-tuning run may have).
-    paths = [make_run(tmp_path / "a", vocabularies["first"], seed=1),
-             make_run(tmp_path / "b", vocabularies["again"], seed=2),
-             make_run(tmp_path / "c", vocabularies["first"], dataclasses.replace(CONFIG, dropout=0.3), seed=3)]
+    paths = [
+        make_run(tmp_path / "a", vocabularies["first"], seed=1),
+        make_run(tmp_path / "b", vocabularies["again"], seed=2),
+        make_run(tmp_path / "c", vocabularies["first"], dataclasses.replace(CONFIG, dropout=0.3), seed=3),
+    ]
     model = build_model(CONFIG, dtype="float32")
     drawn = []
     for path in paths:
@@ -65,19 +67,29 @@ def test_checkpoints_of_another_model_or_vocabulary_are_refused(vocabularies, tm
     """Same shapes: Keras loads them without a word, and the mean would be nonsense."""
     q = re.escape
     first = make_run(tmp_path / "first", vocabularies["first"])
-    gelu = make_run(tmp_path / "gelu", vocabularies["first"], dataclasses.replace(CONFIG, activation="gelu"),
-                    checkpoint=first)
-    with pytest.raises(ValueError, match=rf"^Cannot average {q(first)} with {q(gelu)}: they are checkpoints of "
-                                         r"different models \(model configurations differ: activation 'relu' vs "
-                                         r"'gelu'\)\.$"):
+    gelu = make_run(
+        tmp_path / "gelu", vocabularies["first"], dataclasses.replace(CONFIG, activation="gelu"), checkpoint=first
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"^Cannot average {q(first)} with {q(gelu)}: they are checkpoints of "
+        r"different models \(model configurations differ: activation 'relu' vs "
+        r"'gelu'\)\.$",
+    ):
         training.average_checkpoints([first, gelu])
     other = make_run(tmp_path / "other", vocabularies["other"], checkpoint=first)
-    with pytest.raises(ValueError, match=rf"^Cannot average {q(first)} with {q(other)}: .*\(vocabularies "
-                                         r"\(spm.model\) differ: piece \d+ is "):
+    with pytest.raises(
+        ValueError,
+        match=rf"^Cannot average {q(first)} with {q(other)}: .*\(vocabularies "
+        r"\(spm.model\) differ: piece \d+ is ",
+    ):
         training.average_checkpoints([first, other, first])
     # A checkpoint outside any run cannot be checked: refused beside one of a run.
     loose = str(tmp_path / "loose.weights.h5")
     shutil.copy(first, loose)
-    with pytest.raises(ValueError, match=rf"^Cannot average {q(first)} with {q(loose)}: .*\(the run of {q(first)} "
-                                         r"has a config.json, the other's has none\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^Cannot average {q(first)} with {q(loose)}: .*\(the run of {q(first)} "
+        r"has a config.json, the other's has none\)",
+    ):
         training.average_checkpoints([first, loose], build_model(CONFIG, dtype="float32"))

@@ -68,7 +68,9 @@ def test_lowercased_multi30k_is_the_shipped_data_lower_cased(tmp_path, monkeypat
     # What the trial's --data names: the split and language placeholders lead to these files.
     spec = DataSpec.parse(f"files:{tmp_path}/{{split}}.{{src}},{tmp_path}/{{split}}.{{tgt}}")
     assert [path.format(split="val", src="en", tgt="de") for path in spec.paths] == [
-        str(tmp_path / "val.en"), str(tmp_path / "val.de")]
+        str(tmp_path / "val.en"),
+        str(tmp_path / "val.de"),
+    ]
 
 
 def test_table_keeps_the_rows_of_trials_run_elsewhere(tmp_path, capsys):
@@ -76,12 +78,21 @@ def test_table_keeps_the_rows_of_trials_run_elsewhere(tmp_path, capsys):
 
     def row(name, steps, note=None):
         final = [dict(beam=4, alpha=0.6, bleu=30.0, tok_bleu=30.1, chrf=50.0, decode_seconds=1.0)]
-        return dict(name=name, steps=steps, epochs=1.0, train_seconds=60.0, final_val_loss=3.0,
-                    variants=dict(final=final), tokens_per_sec_per_epoch=[1000], **({"note": note} if note else {}))
+        return dict(
+            name=name,
+            steps=steps,
+            epochs=1.0,
+            train_seconds=60.0,
+            final_val_loss=3.0,
+            variants=dict(final=final),
+            tokens_per_sec_per_epoch=[1000],
+            **({"note": note} if note else {}),
+        )
 
     target = tmp_path / "recipe_trials.json"
-    target.write_text(json.dumps(dict(trials=[row("earlier", 100, "from another machine"),
-                                              row("rescored", 200, "kept note")])))
+    target.write_text(
+        json.dumps(dict(trials=[row("earlier", 100, "from another machine"), row("rescored", 200, "kept note")]))
+    )
     trials = tmp_path / "trials"
     (trials / "rescored").mkdir(parents=True)
     (trials / "rescored" / recipe_trials.SCORES_FILENAME).write_text(json.dumps(row("rescored", 250)))
@@ -120,7 +131,14 @@ def test_savedmodel_also_tries_onednn_on_cpus_where_it_is_not_tensorflows_defaul
     assert elsewhere == by_default + [(*candidate[:4], "onednn") for candidate in by_default]
     # The worker's arguments: every setting spelled out, TensorFlow's pools as "default".
     assert decode_serving._ours_args((250, 2, None, None, "onednn"), "/x") == [
-        "savedmodel", "/x", 250, 2, "default", "default", "onednn"]
+        "savedmodel",
+        "/x",
+        250,
+        2,
+        "default",
+        "default",
+        "onednn",
+    ]
     import serving_worker
 
     with pytest.raises(ValueError, match="kernels must be"):
@@ -182,16 +200,27 @@ def test_translate_batching_compares_each_batch_size_with_the_first():
     import translate_batching
 
     assert translate_batching.candidates([64, 256], onednn_by_default=True) == [
-        (64, "default", "cli"), (256, "default", "cli")]
+        (64, "default", "cli"),
+        (256, "default", "cli"),
+    ]
     assert translate_batching.candidates([64, 256], onednn_by_default=False) == [
-        (64, "default", "cli"), (256, "default", "cli"), (64, "onednn", "cli"), (256, "onednn", "cli")]
+        (64, "default", "cli"),
+        (256, "default", "cli"),
+        (64, "onednn", "cli"),
+        (256, "onednn", "cli"),
+    ]
     assert translate_batching.candidates([256], onednn_by_default=True, threads=("default", "cli")) == [
-        (256, "default", "default"), (256, "default", "cli")]
+        (256, "default", "default"),
+        (256, "default", "cli"),
+    ]
     assert translate_batching.label((256, "default", "default")) == (
-        "batch_size 256, default kernels, TensorFlow's default thread pools")
+        "batch_size 256, default kernels, TensorFlow's default thread pools"
+    )
     base, big = (64, "default", "cli"), (256, "default", "cli")
-    times = {base: [{"cold": 10.0, "warm": 8.0}, {"cold": 12.0, "warm": 8.0}],
-             big: [{"cold": 5.0, "warm": 8.0}, {"cold": 8.0, "warm": 4.0}]}
+    times = {
+        base: [{"cold": 10.0, "warm": 8.0}, {"cold": 12.0, "warm": 8.0}],
+        big: [{"cold": 5.0, "warm": 8.0}, {"cold": 8.0, "warm": 4.0}],
+    }
     results = translate_batching.summarize(times, {base: ["a", "b"], big: ["a", "c"]}, base, 2)
     assert results["batch_size 256, default kernels"]["cold"]["median_ratio_to_baseline"] == pytest.approx(1.75)
     assert results["batch_size 256, default kernels"]["warm"]["median_ratio_to_baseline"] == pytest.approx(1.5)
@@ -209,9 +238,12 @@ def test_results_command_shows_the_kernel_variables_that_were_set():
     import common
 
     argv = [str(ROOT / "benchmarks" / "profile_serving.py"), "a=/tmp/x y", "--rounds", "3"]
-    assert common.command_line(argv, {"HOME": "/root"}) == "python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3"
+    assert (
+        common.command_line(argv, {"HOME": "/root"}) == "python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3"
+    )
     assert common.command_line(argv, {"TF_ENABLE_ONEDNN_OPTS": "1", "CT2_USE_MKL": "1"}) == (
-        "TF_ENABLE_ONEDNN_OPTS=1 CT2_USE_MKL=1 python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3")
+        "TF_ENABLE_ONEDNN_OPTS=1 CT2_USE_MKL=1 python benchmarks/profile_serving.py 'a=/tmp/x y' --rounds 3"
+    )
 
 
 def test_results_name_the_cpu_by_its_family_and_model():
@@ -223,20 +255,25 @@ def test_results_name_the_cpu_by_its_family_and_model():
     assert {key: info[key] for key in cpu_identity()} == cpu_identity()
 
 
-@pytest.mark.parametrize("vendor, model_name, family, flags, folder", [
-    ("GenuineIntel", "Intel(R) Xeon(R) Processor", 6, "avx2 avx512f avx512_bf16 amx_bf16", "avx512_bf16"),
-    ("GenuineIntel", "Intel(R) Xeon(R) Processor", 6, "avx2 avx512f", "avx2"),
-    ("AuthenticAMD", "AMD EPYC", 26, "avx2 avx512f avx512_bf16", "amd_epyc_zen5"),
-    ("AuthenticAMD", "AMD EPYC", 25, "avx2 avx512f avx512_bf16", "amd_epyc_avx512_bf16"),
-    ("AuthenticAMD", "AMD EPYC 7B13", 25, "avx2", "amd_epyc_avx2"),
-    ("AuthenticAMD", "AMD Ryzen 9 9950X", 26, "avx2 avx512_bf16", "amd_zen5"),
-])
+@pytest.mark.parametrize(
+    "vendor, model_name, family, flags, folder",
+    [
+        ("GenuineIntel", "Intel(R) Xeon(R) Processor", 6, "avx2 avx512f avx512_bf16 amx_bf16", "avx512_bf16"),
+        ("GenuineIntel", "Intel(R) Xeon(R) Processor", 6, "avx2 avx512f", "avx2"),
+        ("AuthenticAMD", "AMD EPYC", 26, "avx2 avx512f avx512_bf16", "amd_epyc_zen5"),
+        ("AuthenticAMD", "AMD EPYC", 25, "avx2 avx512f avx512_bf16", "amd_epyc_avx512_bf16"),
+        ("AuthenticAMD", "AMD EPYC 7B13", 25, "avx2", "amd_epyc_avx2"),
+        ("AuthenticAMD", "AMD Ryzen 9 9950X", 26, "avx2 avx512_bf16", "amd_zen5"),
+    ],
+)
 def test_results_folder_is_the_one_of_the_cpus_kind(tmp_path, vendor, model_name, family, flags, folder):
     import common
 
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 2\n"
-                       f"model name\t: {model_name}\nflags\t\t: fpu sse2 {flags}\n\n")
+    cpuinfo.write_text(
+        f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: 2\n"
+        f"model name\t: {model_name}\nflags\t\t: fpu sse2 {flags}\n\n"
+    )
     assert common.results_folder(str(cpuinfo)) == folder
     # The folders the committed results use exist for the kinds measured so far.
     if model_name in ("Intel(R) Xeon(R) Processor", "AMD EPYC") and "avx512_bf16" in flags:
@@ -281,12 +318,12 @@ def test_matmul_bound_runs_each_variant_in_a_process_with_its_xla_flags(tmp_path
     assert results["XLA oneDNN fusion bfloat16"]["hlo"] == {"dots": 19, "library_fusions": {}}
     assert results["graph bfloat16"]["hlo"] is None
     assert results["graph float32"]["gflops"] == pytest.approx(
-        decode_matmul_bound.step_flops(128, 3, 256, 1024, 8000) / 4.0 / 1e6, rel=1e-3)
+        decode_matmul_bound.step_flops(128, 3, 256, 1024, 8000) / 4.0 / 1e6, rel=1e-3
+    )
 
 
 def test_matmul_bound_worker_times_a_step(monkeypatch):
-    args = argparse.Namespace(sentences=2, beam_size=2, layers=1, d_model=8, d_ff=16, vocab_size=32, steps=2,
-                              repeats=2)
+    args = argparse.Namespace(sentences=2, beam_size=2, layers=1, d_model=8, d_ff=16, vocab_size=32, steps=2, repeats=2)
     for dtype in decode_matmul_bound.DTYPES:
         ms, hlo = decode_matmul_bound.time_step(dtype, False, args)
         assert 0 < ms < 1000 and hlo is None
@@ -303,12 +340,19 @@ def test_hlo_summary_counts_dots_and_library_fusions():
   %cc = f32[2] custom-call(%x), custom_call_target="__onednn$matmul"
 """
     assert decode_matmul_bound.hlo_summary(hlo) == {
-        "dots": 1, "library_fusions": {"__onednn$matmul": 1, "__ynn_fusion": 2}}
+        "dots": 1,
+        "library_fusions": {"__onednn$matmul": 1, "__ynn_fusion": 2},
+    }
 
 
 def test_matmul_bound_failing_worker_says_which_variant(monkeypatch):
-    monkeypatch.setattr(subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
-        command, 1, stdout="", stderr="Unknown flag --xla_cpu_foo"))
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda command, **kwargs: subprocess.CompletedProcess(
+            command, 1, stdout="", stderr="Unknown flag --xla_cpu_foo"
+        ),
+    )
     with pytest.raises(RuntimeError, match="XLA bfloat16 failed .exit 1.:\n.*Unknown flag"):
         decode_matmul_bound.run_variant("XLA bfloat16", [])
 
@@ -320,10 +364,10 @@ def test_rounds_rotate_which_system_runs_first():
     calls = []
 
     def system(name):
-        return common.System(name, lambda: (lambda: calls.append(name) or {"sentences": 1.0}))
+        return common.System(name, lambda: lambda: calls.append(name) or {"sentences": 1.0})
 
     results = common.run_alternating([system("A"), system("B"), system("C")], repeats=4)
-    assert calls == list("ABC" "BCA" "CAB" "ABC")
+    assert calls == list("ABCBCACABABC")
     assert [len(r.seconds) for r in results] == [4, 4, 4] and [r.name for r in results] == ["A", "B", "C"]
 
 
@@ -331,7 +375,10 @@ def test_results_record_the_commit_they_measured(tmp_path):
     import common
 
     assert common.code_version(str(tmp_path)) is None  # not a git checkout
-    git = lambda *args: subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True)
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True)
+
     git("init", "-q")
     (tmp_path / "a.py").write_text("x = 1\n")
     git("add", "a.py")

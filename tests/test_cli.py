@@ -45,13 +45,18 @@ def set_stdin(monkeypatch, data):
 
 def test_translate_arguments_and_stdin(tiny_run_dir, capsys, monkeypatch):
     expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(["A dog runs.", "Two men talk."])
-    out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3",
-                   "A dog runs.", "Two men talk."], capsys)
+    out = run_cli(
+        ["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "A dog runs.", "Two men talk."], capsys
+    )
     assert out.out == expected[0] + "\n" + expected[1] + "\n"
     assert out.err == ""  # sentences as arguments: no progress bar
     # One output line per input line; an empty input line gives an empty output line.
-    out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet"],
-                  capsys, stdin="A dog runs.\n\nTwo men talk.\n", monkeypatch=monkeypatch)
+    out = run_cli(
+        ["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet"],
+        capsys,
+        stdin="A dog runs.\n\nTwo men talk.\n",
+        monkeypatch=monkeypatch,
+    )
     assert out.out == expected[0] + "\n\n" + expected[1] + "\n"
     assert out.err == ""  # --quiet
 
@@ -68,15 +73,18 @@ def test_translate_precision_and_early_stopping_options(tiny_run_dir, capsys):
     sentences = ["A dog runs.", "Two men talk."]
     outputs = {}
     # None: the tiny run was saved in float32, so --precision float32 must print what the default prints.
-    for options, translator_options in (([], {}), (["--precision", "float32"], None),
-                                        (["--precision", "mixed_bfloat16"], dict(dtype="mixed_bfloat16")),
-                                        (["--early-stopping", "k_finished"], dict(early_stopping="k_finished"))):
-        out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", *options, *sentences],
-                      capsys)
+    for options, translator_options in (
+        ([], {}),
+        (["--precision", "float32"], None),
+        (["--precision", "mixed_bfloat16"], dict(dtype="mixed_bfloat16")),
+        (["--early-stopping", "k_finished"], dict(early_stopping="k_finished")),
+    ):
+        out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", *options, *sentences], capsys)
         outputs[tuple(options)] = out.out.splitlines()
         if translator_options is not None:
             expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3, **translator_options).translate(
-                sentences)
+                sentences
+            )
             assert out.out == "\n".join(expected) + "\n", options
     assert outputs[("--precision", "float32")] == outputs[()]
 
@@ -85,8 +93,12 @@ def test_missing_model_is_a_clear_error(tmp_path):
     nope = str(tmp_path / "nope")
     src = tmp_path / "src.en"
     src.write_text("A dog runs.\n", encoding="utf-8")
-    for argv in (["translate", "x"], ["evaluate", "--src", str(src), "--ref", str(src)],
-                 ["score", "--src", str(src), "--tgt", str(src)], ["attention", "x"]):
+    for argv in (
+        ["translate", "x"],
+        ["evaluate", "--src", str(src), "--ref", str(src)],
+        ["score", "--src", str(src), "--tgt", str(src)],
+        ["attention", "x"],
+    ):
         with pytest.raises(SystemExit, match=f"^{argv[0]}: --model {nope}: no such directory"):
             cli.main([*argv, "--model", nope])
     # A directory that is not a run: the file it misses is named.
@@ -121,8 +133,24 @@ def test_evaluate_prints_json_with_signatures(tiny_run_dir, capsys, tmp_path):
     src, ref, output = tmp_path / "src.en", tmp_path / "ref.de", tmp_path / "hyp.de"
     src.write_text("\n".join(sources) + "\n", encoding="utf-8")
     ref.write_text("\n".join(references) + "\n", encoding="utf-8")
-    out = run_cli(["evaluate", "--model", tiny_run_dir, "--src", str(src), "--ref", str(ref),
-                   "--max-extra-length", "3", "--output", str(output), "--tgt-lang", "de"], capsys)
+    out = run_cli(
+        [
+            "evaluate",
+            "--model",
+            tiny_run_dir,
+            "--src",
+            str(src),
+            "--ref",
+            str(ref),
+            "--max-extra-length",
+            "3",
+            "--output",
+            str(output),
+            "--tgt-lang",
+            "de",
+        ],
+        capsys,
+    )
     expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(sources)
     assert output.read_text(encoding="utf-8") == "\n".join(expected) + "\n"
     result = json.loads(out.out)
@@ -139,15 +167,32 @@ def test_evaluate_on_a_shipped_multi30k_split(tiny_run_dir, capsys, tmp_path, mo
     real = corpora.read_lines
     monkeypatch.setattr(corpora, "read_lines", lambda split, lang: real(split, lang)[:3])
     output = tmp_path / "hyp.de"
-    result = json.loads(run_cli(["evaluate", "--model", tiny_run_dir, "--multi30k", "val", "--max-extra-length",
-                                 "3", "--output", str(output)], capsys).out)
+    result = json.loads(
+        run_cli(
+            [
+                "evaluate",
+                "--model",
+                tiny_run_dir,
+                "--multi30k",
+                "val",
+                "--max-extra-length",
+                "3",
+                "--output",
+                str(output),
+            ],
+            capsys,
+        ).out
+    )
     sources, references = real("val", "en")[:3], real("val", "de")[:3]
     expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(sources)
     assert output.read_text(encoding="utf-8") == "\n".join(expected) + "\n"
     assert result["bleu"] == pytest.approx(corpus_scores(expected, references)["bleu"])
     assert result["data"] == "multi30k:val en->de" and result["sentences"] == 3
-    for argv, message in [([], "give --src and --ref"), (["--multi30k", "val", "--src", "x"], "not both"),
-                          (["--multi30k", "val", "--src-lang", "xx"], "--multi30k val: .*xx")]:
+    for argv, message in [
+        ([], "give --src and --ref"),
+        (["--multi30k", "val", "--src", "x"], "not both"),
+        (["--multi30k", "val", "--src-lang", "xx"], "--multi30k val: .*xx"),
+    ]:
         with pytest.raises(SystemExit, match=message):
             cli.main(["evaluate", "--model", tiny_run_dir, *argv])
 
@@ -177,11 +222,16 @@ def test_stdin_is_read_as_input_files_are(tiny_run_dir, tmp_path, capsys, monkey
     data = "\ufeffA dog\truns.\n  Two   men talk. \n".encode("utf-8")
     path = tmp_path / "input.en"
     path.write_bytes(data)
-    from_file = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet",
-                         "--input", str(path)], capsys).out
+    from_file = run_cli(
+        ["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet", "--input", str(path)], capsys
+    ).out
     for flags in ([], ["--input", "-"]):
-        out = run_cli(["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet", *flags],
-                      capsys, stdin=data, monkeypatch=monkeypatch)
+        out = run_cli(
+            ["translate", "--model", tiny_run_dir, "--max-extra-length", "3", "--quiet", *flags],
+            capsys,
+            stdin=data,
+            monkeypatch=monkeypatch,
+        )
         assert out.out == from_file
     expected = Translator.from_run_dir(tiny_run_dir, max_extra_length=3).translate(["A dog runs.", "Two men talk."])
     assert from_file == "\n".join(expected) + "\n"
@@ -220,8 +270,9 @@ def test_attention_command_draws_the_sentence_tokens(tiny_run_dir, capsys, tmp_p
     monkeypatch.setattr(plt, "close", lambda figure=None: figures.append(figure))
     output = tmp_path / "attention.png"
     sentence = "A dog runs on the beach."
-    run_cli(["attention", "--model", tiny_run_dir, "--output", str(output), "--layer", "0",
-             "--beam", "1", sentence], capsys)
+    run_cli(
+        ["attention", "--model", tiny_run_dir, "--output", str(output), "--layer", "0", "--beam", "1", sentence], capsys
+    )
     assert output.stat().st_size > 10_000
     assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (figure,) = figures
@@ -254,9 +305,11 @@ def test_attention_figure_is_bounded_for_long_inputs(tmp_path, monkeypatch):
     heads, source, target = 16, 220, 230
     rng = np.random.default_rng(0)
     weights = {
-        "source_tokens": [f"s{i}" for i in range(source)], "target_tokens": [f"t{i}" for i in range(target)],
+        "source_tokens": [f"s{i}" for i in range(source)],
+        "target_tokens": [f"t{i}" for i in range(target)],
         "output_tokens": [f"t{i}" for i in range(1, target)] + ["</s>"],
-        "encoder": rng.random((heads, source, source)), "decoder": rng.random((heads, target, target)),
+        "encoder": rng.random((heads, source, source)),
+        "decoder": rng.random((heads, target, target)),
         "cross": rng.random((heads, target, source)),
     }
     output = tmp_path / "long.png"
@@ -311,7 +364,7 @@ def test_attention_default_output_is_the_last_layer_in_the_run_dir(tiny_run_dir,
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(run_dir)) == sorted(os.listdir(tiny_run_dir) + [f"attention_layer{num_layers}.png"])
-    (weights, output, kwargs), = plotted
+    ((weights, output, kwargs),) = plotted
     assert output == path and kwargs == {"layer_label": f"layer {num_layers} of {num_layers}"}
     last = attention_maps.attention_weights(translator, sentence, layer=num_layers - 1)
     first = attention_maps.attention_weights(translator, sentence, layer=0)
@@ -341,9 +394,13 @@ def _assert_progress_bar(stderr, n):
 
 
 def test_translate_stdout_is_only_translations_through_pipes(tiny_run_dir, expected_translations):
-    proc = subprocess.run(CLI + ["translate", "--model", tiny_run_dir],
-                          input=("\n".join(SENTENCES) + "\n").encode("utf-8"),
-                          capture_output=True, env=ENV, timeout=300)
+    proc = subprocess.run(
+        CLI + ["translate", "--model", tiny_run_dir],
+        input=("\n".join(SENTENCES) + "\n").encode("utf-8"),
+        capture_output=True,
+        env=ENV,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
     assert proc.stdout == _stdout_bytes(expected_translations)
     _assert_progress_bar(proc.stderr, len(SENTENCES))
@@ -385,8 +442,13 @@ def test_translate_stdout_is_only_translations_on_a_terminal(tiny_run_dir, expec
     out_master, out_slave = _raw_pty()
     err_master, err_slave = _raw_pty()
     try:
-        proc = subprocess.Popen(CLI + ["translate", "--model", tiny_run_dir], stdin=subprocess.PIPE,
-                                stdout=out_slave, stderr=err_slave, env=ENV)
+        proc = subprocess.Popen(
+            CLI + ["translate", "--model", tiny_run_dir],
+            stdin=subprocess.PIPE,
+            stdout=out_slave,
+            stderr=err_slave,
+            env=ENV,
+        )
         os.close(out_slave)
         os.close(err_slave)
         proc.stdin.write(("\n".join(SENTENCES) + "\n").encode("utf-8"))
@@ -447,9 +509,11 @@ def test_translate_saved_model_version_directory(saved_model_versions, capsys):
 
 def test_saved_model_refuses_what_it_cannot_do_with_clear_errors(saved_model_versions):
     base, _, sentences, _ = saved_model_versions
-    for flags, message in ((["--n-best", "2"], "no translate_n_best signature"),
-                           (["--sampling-temperature", "0.5"], "is a SavedModel, .*sampling needs"),
-                           (["--batch-size", "0"], "batch_size must be between 1 and 1024, got 0"),
-                           (["--batch-size", "2000"], "batch_size must be between 1 and 1024, got 2000")):
+    for flags, message in (
+        (["--n-best", "2"], "no translate_n_best signature"),
+        (["--sampling-temperature", "0.5"], "is a SavedModel, .*sampling needs"),
+        (["--batch-size", "0"], "batch_size must be between 1 and 1024, got 0"),
+        (["--batch-size", "2000"], "batch_size must be between 1 and 1024, got 2000"),
+    ):
         with pytest.raises(SystemExit, match=f"^translate: .*{message}"):
             cli.main(["translate", "--model", base, *flags, *sentences])

@@ -71,8 +71,9 @@ def _pools_after_command(argv, environ):
     )
     env = {k: v for k, v in os.environ.items() if k not in threads.THREAD_ENVIRONMENT}
     env.update(environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300, check=True
+    )
     return tuple(int(x) for x in out.stdout.split()[-2:])
 
 

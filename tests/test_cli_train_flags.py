@@ -22,20 +22,23 @@ def parsed(argv, defaults=None):
     return train_cli.args_from_namespace(parser.parse_args(argv))
 
 
-@pytest.mark.parametrize("defaults, argv, dropout", [
-    # The caller's default replaces the preset's 0.1 ...
-    (DEMO_DEFAULTS, [], 0.0),
-    # ... and --set replaces the caller's default (it used to be the other way round).
-    (DEMO_DEFAULTS, ["--set", "dropout=0.3"], 0.3),
-    # A named flag wins over --set, wherever each stands on the command line.
-    (DEMO_DEFAULTS, ["--dropout", "0.2", "--set", "dropout=0.3"], 0.2),
-    (DEMO_DEFAULTS, ["--set", "dropout=0.3", "--dropout", "0.2"], 0.2),
-    (DEMO_DEFAULTS, ["--dropout", "0.2"], 0.2),
-    # Without caller defaults: the preset's P_drop = 0.1 (§5.4), then --set, then the flag.
-    (None, [], 0.1),
-    (None, ["--set", "dropout=0.3"], 0.3),
-    (None, ["--dropout", "0.2", "--set", "dropout=0.3"], 0.2),
-])
+@pytest.mark.parametrize(
+    "defaults, argv, dropout",
+    [
+        # The caller's default replaces the preset's 0.1 ...
+        (DEMO_DEFAULTS, [], 0.0),
+        # ... and --set replaces the caller's default (it used to be the other way round).
+        (DEMO_DEFAULTS, ["--set", "dropout=0.3"], 0.3),
+        # A named flag wins over --set, wherever each stands on the command line.
+        (DEMO_DEFAULTS, ["--dropout", "0.2", "--set", "dropout=0.3"], 0.2),
+        (DEMO_DEFAULTS, ["--set", "dropout=0.3", "--dropout", "0.2"], 0.2),
+        (DEMO_DEFAULTS, ["--dropout", "0.2"], 0.2),
+        # Without caller defaults: the preset's P_drop = 0.1 (§5.4), then --set, then the flag.
+        (None, [], 0.1),
+        (None, ["--set", "dropout=0.3"], 0.3),
+        (None, ["--dropout", "0.2", "--set", "dropout=0.3"], 0.2),
+    ],
+)
 def test_preset_then_defaults_then_set_then_named_flags(defaults, argv, dropout):
     from keras_transformer.config import TransformerConfig
 
@@ -83,9 +86,19 @@ def test_resume_keeps_config_json_and_appends_the_changes(tmp_path, spm500):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     shutil.copy(spm500, run_dir / "spm.model")
-    options = dict(output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=512, max_length=32,
-                   checkpoint_every=1, log_every=1, warmup_steps=4, validation_split=None, verbose=0,
-                   overrides=TINY_NET)
+    options = dict(
+        output=str(run_dir),
+        preset="tiny",
+        vocab_size=500,
+        batch_tokens=512,
+        max_length=32,
+        checkpoint_every=1,
+        log_every=1,
+        warmup_steps=4,
+        validation_split=None,
+        verbose=0,
+        overrides=TINY_NET,
+    )
     first = training.train(training.TrainingArgs(max_steps=2, **options))
     assert first.step == 2
     config_bytes = (run_dir / "config.json").read_bytes()
@@ -103,12 +116,15 @@ def test_resume_keeps_config_json_and_appends_the_changes(tmp_path, spm500):
     assert resume["data"]["total_steps"] == 4
 
 
-@pytest.mark.parametrize("argv, average_last, average_fraction", [
-    ([], 10, 0.2),  # a command's defaults: averaging over the final fifth
-    (["--average-last", "1"], 1, None),  # no averaging: the default fraction goes with it
-    (["--average-fraction", "none"], 10, None),
-    (["--average-last", "5", "--average-fraction", "0.5"], 5, 0.5),
-])
+@pytest.mark.parametrize(
+    "argv, average_last, average_fraction",
+    [
+        ([], 10, 0.2),  # a command's defaults: averaging over the final fifth
+        (["--average-last", "1"], 1, None),  # no averaging: the default fraction goes with it
+        (["--average-fraction", "none"], 10, None),
+        (["--average-last", "5", "--average-fraction", "0.5"], 5, 0.5),
+    ],
+)
 def test_a_default_average_fraction_applies_only_when_averaging(argv, average_last, average_fraction):
     args = parsed(argv, dict(average_last=10, average_fraction=0.2))
     assert (args.average_last, args.average_fraction) == (average_last, average_fraction)
@@ -121,7 +137,8 @@ def test_an_explicit_average_fraction_without_averaging_is_refused():
 
 def test_help_shows_a_commands_own_defaults():
     parser = train_cli.add_training_arguments(
-        argparse.ArgumentParser(), dict(epochs=40, average_last=10, average_fraction=0.2, validate_bleu_every=500))
+        argparse.ArgumentParser(), dict(epochs=40, average_last=10, average_fraction=0.2, validate_bleu_every=500)
+    )
     text = " ".join(parser.format_help().split())
     for shown in ("training data (default 40)", "20 big; default 10)", "(default 0.2)", "TensorBoard); default 500"):
         assert shown in text

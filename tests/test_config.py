@@ -36,8 +36,7 @@ def test_resolved_head_dims_survive_a_dict_round_trip():
 
 def test_model_attention_uses_the_configs_head_dims():
     model = Transformer(TransformerConfig.tiny(vocab_size=40, key_dim=8))  # d_model / h = 16
-    for attention in (model.encoder.encoder_layers[0].self_attention,
-                      model.decoder.decoder_layers[0].cross_attention):
+    for attention in (model.encoder.encoder_layers[0].self_attention, model.decoder.decoder_layers[0].cross_attention):
         assert (attention.key_dim, attention.value_dim) == (8, 16)
         assert tuple(attention.value_kernel.shape) == (64, 4 * 16)
 

@@ -5,8 +5,8 @@ import json
 import keras
 import numpy as np
 import pytest
-
 from conftest import new_run_dir, read_csv
+
 from keras_transformer import training
 from keras_transformer.optimization import Cooldown, TransformerSchedule, create_optimizer
 from keras_transformer.training.callbacks import cooldown_factor
@@ -30,8 +30,7 @@ def test_cooldown_scales_the_schedule_and_round_trips():
     steps = np.array([0, 10, 39, 200])
     np.testing.assert_allclose([float(schedule(s)) for s in steps], [float(base(s)) for s in steps], rtol=1e-7)
     schedule.factor.assign(0.3)
-    np.testing.assert_allclose([float(schedule(s)) for s in steps], [0.3 * float(base(s)) for s in steps],
-                               rtol=1e-6)
+    np.testing.assert_allclose([float(schedule(s)) for s in steps], [0.3 * float(base(s)) for s in steps], rtol=1e-6)
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
     assert isinstance(restored, Cooldown) and restored.schedule.get_config() == base.get_config()
     assert float(restored(200)) == pytest.approx(float(schedule(200)))
@@ -56,9 +55,22 @@ def test_time_budgeted_run_cools_down_to_its_last_step(tmp_path, spm500, monkeyp
         def on_train_batch_begin(self, batch, logs=None):
             clock["now"] += 1.0
 
-    options = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
-                   warmup_steps=4, lr_scale=2.0, checkpoint_every=1000, log_every=1, verbose=0, overrides=TINY_NET,
-                   max_steps=100_000, time_budget=10.0 / 60, cooldown=0.5)
+    options = dict(
+        preset="tiny",
+        vocab_size=500,
+        batch_tokens=1024,
+        max_length=32,
+        validation_split=None,
+        warmup_steps=4,
+        lr_scale=2.0,
+        checkpoint_every=1000,
+        log_every=1,
+        verbose=0,
+        overrides=TINY_NET,
+        max_steps=100_000,
+        time_budget=10.0 / 60,
+        cooldown=0.5,
+    )
     run_dir = new_run_dir(tmp_path / "run", spm500)
     result = training.train(training.TrainingArgs(output=str(run_dir), **options), callbacks=[Paced()])
     assert result.step == 10

@@ -14,9 +14,15 @@ def run_dir(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("name, starts", [
-    ("curves.png", b"\x89PNG"), ("curves.pdf", b"%PDF"), ("curves.svg", b"<?xml"), ("CURVES.SVG", b"<?xml"),
-])
+@pytest.mark.parametrize(
+    "name, starts",
+    [
+        ("curves.png", b"\x89PNG"),
+        ("curves.pdf", b"%PDF"),
+        ("curves.svg", b"<?xml"),
+        ("CURVES.SVG", b"<?xml"),
+    ],
+)
 def test_the_output_extension_is_the_format(run_dir, tmp_path, name, starts):
     output = str(tmp_path / "out" / name)
     os.makedirs(os.path.dirname(output))
@@ -32,7 +38,10 @@ def test_the_output_extension_is_the_format(run_dir, tmp_path, name, starts):
 def test_the_default_is_the_runs_curves_png_and_an_unknown_format_is_refused(run_dir):
     assert plot_curves(str(run_dir)) == os.path.join(str(run_dir), "curves.png")
     assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
-    with pytest.raises(ValueError, match=r"^plot_curves: cannot write .*curves\.txt: \.txt is not an image format "
-                                         r"matplotlib writes \(.*\.pdf, .*\.svg.*\)\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^plot_curves: cannot write .*curves\.txt: \.txt is not an image format "
+        r"matplotlib writes \(.*\.pdf, .*\.svg.*\)\.$",
+    ):
         plot_curves(str(run_dir), str(run_dir / "curves.txt"))
     assert not (run_dir / "curves.txt").exists()

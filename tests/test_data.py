@@ -50,26 +50,35 @@ MULTI30K_EXPECTED = {
     # split: (count, first (en, de), last (en, de))
     "train": (
         29000,
-        ("Two young, White males are outside near many bushes.",
-         "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche."),
-        ("A man in shorts and a Hawaiian shirt leans over the rail of a pilot boat, with fog and "
-         "mountains in the background.",
-         "Ein Mann in Shorts und Hawaiihemd lehnt sich über das Geländer eines Lotsenboots, mit "
-         "Nebel und Bergen im Hintergrund."),
+        (
+            "Two young, White males are outside near many bushes.",
+            "Zwei junge weiße Männer sind im Freien in der Nähe vieler Büsche.",
+        ),
+        (
+            "A man in shorts and a Hawaiian shirt leans over the rail of a pilot boat, with fog and "
+            "mountains in the background.",
+            "Ein Mann in Shorts und Hawaiihemd lehnt sich über das Geländer eines Lotsenboots, mit "
+            "Nebel und Bergen im Hintergrund.",
+        ),
     ),
     "val": (
         1014,
-        ("A group of men are loading cotton onto a truck",
-         "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen"),
-        ("Two women wearing red and a man coming out of a port-a-potty.",
-         "Zwei Frauen in Rot und ein Mann, der aus einer transportablen Toilette kommt."),
+        (
+            "A group of men are loading cotton onto a truck",
+            "Eine Gruppe von Männern lädt Baumwolle auf einen Lastwagen",
+        ),
+        (
+            "Two women wearing red and a man coming out of a port-a-potty.",
+            "Zwei Frauen in Rot und ein Mann, der aus einer transportablen Toilette kommt.",
+        ),
     ),
     "test2016": (
         1000,
-        ("A man in an orange hat starring at something.",
-         "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."),
-        ("A girl at the shore of a beach with a mountain in the distance.",
-         "Ein Mädchen an einer Küste mit einem Berg im Hintergrund."),
+        ("A man in an orange hat starring at something.", "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt."),
+        (
+            "A girl at the shore of a beach with a mountain in the distance.",
+            "Ein Mädchen an einer Küste mit einem Berg im Hintergrund.",
+        ),
     ),
 }
 
@@ -130,8 +139,7 @@ def test_vendored_bad_split_or_language(call, valid):
 def test_newstest2014():
     en, de = corpora.read_newstest2014("en"), corpora.read_newstest2014("de")
     assert len(en) == len(de) == 3003
-    assert (en[0], de[0]) == ("Gutach: Increased safety for pedestrians",
-                              "Gutach: Noch mehr Sicherheit für Fußgänger")
+    assert (en[0], de[0]) == ("Gutach: Increased safety for pedestrians", "Gutach: Noch mehr Sicherheit für Fußgänger")
     assert en[-1].startswith("However, following the recent murder of Australian travel agent")
     assert de[-1].endswith("und es deshalb zu einem Freispruch kommt.")
     assert corpora.newstest2014_path("de").endswith("newstest2014.de.gz")
@@ -173,7 +181,7 @@ def test_parallel_text_blank_lines_skipped_and_counted(tmp_path, caplog):
 def test_parallel_text_whitespace_tabs_crlf_bom_and_gzip(tmp_path):
     src = _write(tmp_path / "a.en", "\ufeff  A  dog\truns. \r\nOne\u2028line\n".encode())
     tgt_path = tmp_path / "a.de.gz"
-    tgt_path.write_bytes(gzip.compress("Ein Hund\t\trennt.\t\nEine Zeile\n".encode()))
+    tgt_path.write_bytes(gzip.compress(b"Ein Hund\t\trennt.\t\nEine Zeile\n"))
     ds, stats = data.load_parallel_text(src, tgt_path, return_stats=True)
     # U+2028 is not a line break for parallel text: both files have 2 lines.
     assert _pairs(ds) == [("A dog runs.", "Ein Hund rennt."), ("One\u2028line", "Eine Zeile")]
@@ -326,8 +334,9 @@ def _collect(batches, boundaries, batch_tokens, num_replicas=1):
 def test_make_batches_epoch_is_complete_and_within_budget(tokenizer, pool_size):
     pairs = list(zip(corpora.read_lines("val", "en"), corpora.read_lines("val", "de")))
     boundaries = data.default_bucket_boundaries(128)
-    batches = data.make_batches(corpora.load_multi30k("val"), tokenizer, batch_tokens=1280,
-                                max_length=128, num_replicas=1, pool_size=pool_size)
+    batches = data.make_batches(
+        corpora.load_multi30k("val"), tokenizer, batch_tokens=1280, max_length=128, num_replicas=1, pool_size=pool_size
+    )
     assert batches.element_spec == (
         (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32)),
         tf.TensorSpec([None, None], tf.int32),
@@ -344,18 +353,27 @@ def test_make_batches_drops_or_truncates_long_pairs(tokenizer):
     ds = tf.data.Dataset.from_tensor_slices(tuple(map(list, zip(*pairs))))
     max_length, boundaries = 16, [8, 16]
 
-    dropped = data.make_batches(ds, tokenizer, batch_tokens=256, max_length=max_length,
-                                bucket_boundaries=boundaries, num_replicas=1)
+    dropped = data.make_batches(
+        ds, tokenizer, batch_tokens=256, max_length=max_length, bucket_boundaries=boundaries, num_replicas=1
+    )
     kept = _collect(dropped, boundaries, 256)
     expected = _expected_examples(pairs, tokenizer, max_length=max_length)
     assert 0 < len(expected) < len(pairs)  # some are too long: the test means something
     assert collections.Counter(kept) == collections.Counter(expected)
 
-    truncated = data.make_batches(ds, tokenizer, batch_tokens=256, max_length=max_length,
-                                  bucket_boundaries=boundaries, num_replicas=1, truncate=True)
+    truncated = data.make_batches(
+        ds,
+        tokenizer,
+        batch_tokens=256,
+        max_length=max_length,
+        bucket_boundaries=boundaries,
+        num_replicas=1,
+        truncate=True,
+    )
     out = _collect(truncated, boundaries, 256)
     assert collections.Counter(out) == collections.Counter(
-        _expected_examples(pairs, tokenizer, max_length=max_length, truncate=True))
+        _expected_examples(pairs, tokenizer, max_length=max_length, truncate=True)
+    )
     assert len(out) == len(pairs)
 
 
@@ -373,8 +391,9 @@ def test_make_batches_replica_multiple_and_drop_remainder(tokenizer):
     assert all(batch == sizes[length] for batch, length in shapes)
     # A dataset of known size is one pool, so the number of batches per epoch is
     # whole_batches(n, sizes) whatever the order of the pairs (the trainer relies on it).
-    expected = _expected_examples(zip(corpora.read_lines("test2016", "en"), corpora.read_lines("test2016", "de")),
-                                  tokenizer, max_length=64)
+    expected = _expected_examples(
+        zip(corpora.read_lines("test2016", "en"), corpora.read_lines("test2016", "de")), tokenizer, max_length=64
+    )
     per_bucket = collections.Counter(min(b for b in boundaries if b >= max(len(s), len(t))) for s, t in expected)
     assert len(shapes) == data.whole_batches([per_bucket[b] for b in boundaries], [sizes[b] for b in boundaries])
     assert len(shapes) > sum(n // sizes[b] for b, n in per_bucket.items())  # leftovers made whole batches
@@ -394,8 +413,16 @@ def test_whole_batches_lose_no_bucket_only_the_longest_bucket_s_leftovers(tokeni
     assert 0 < len(shortest) < sizes[0]  # fewer than one batch: this bucket used to be dropped whole
     ds = tf.data.Dataset.from_tensor_slices(tuple(map(list, zip(*pairs))))
     passes = []
-    batches = data.make_batches(ds, tokenizer, batch_tokens=budget, max_length=64, bucket_boundaries=boundaries,
-                                num_replicas=1, drop_remainder=True, seed=3)
+    batches = data.make_batches(
+        ds,
+        tokenizer,
+        batch_tokens=budget,
+        max_length=64,
+        bucket_boundaries=boundaries,
+        num_replicas=1,
+        drop_remainder=True,
+        seed=3,
+    )
     for _ in range(2):
         examples = []
         for (src, tgt_in), _ in batches.as_numpy_iterator():
@@ -457,8 +484,9 @@ def test_make_batches_subword_sampling_changes_segmentation_not_pairs(tokenizer)
 
 def test_make_batches_repeat(tokenizer):
     ds = corpora.load_multi30k("val").take(50)
-    batches = data.make_batches(ds, tokenizer, batch_tokens=256, max_length=64, num_replicas=1,
-                                repeat=True, pool_size=1024)
+    batches = data.make_batches(
+        ds, tokenizer, batch_tokens=256, max_length=64, num_replicas=1, repeat=True, pool_size=1024
+    )
     rows = sum(x[0].shape[0] for x, _ in batches.take(40).as_numpy_iterator())
     assert rows > 50  # it went past one epoch
 
@@ -488,8 +516,9 @@ def test_default_bucket_boundaries():
 
 
 def test_token_budget_stats(tokenizer):
-    batches = data.make_batches(corpora.load_multi30k("val"), tokenizer, batch_tokens=1024,
-                                max_length=128, num_replicas=1)
+    batches = data.make_batches(
+        corpora.load_multi30k("val"), tokenizer, batch_tokens=1024, max_length=128, num_replicas=1
+    )
     stats = data.token_budget_stats(batches)
     assert stats["num_examples"] == 1014
     assert stats["max_batch_tokens"] <= 1024
@@ -538,13 +567,20 @@ _DISTRIBUTED_SCRIPT = textwrap.dedent(
 
 def test_make_batches_split_evenly_over_two_replicas(tokenizer, tmp_path):
     model = tokenizer.save(tmp_path / "spm.model")
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", _DISTRIBUTED_SCRIPT, model], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _DISTRIBUTED_SCRIPT, model],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    report = json.loads(line[len("RESULT "):])
+    report = json.loads(line[len("RESULT ") :])
     assert report["replicas"] == 2
     assert report["errors"] == []
     assert report["batches"] == report["reference_batches"] > 0

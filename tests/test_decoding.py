@@ -10,7 +10,6 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
-from keras_transformer import decoding
 from keras_transformer.decoding import beam_search, greedy_search, length_penalty, make_decode_fn
 
 BOS, EOS = 2, 3
@@ -48,7 +47,7 @@ def source_lengths(source_ids):
 def check_well_formed(tokens, limit):
     """One hypothesis: padding only at the end; ends with EOS (once) or at its length limit."""
     seq = unpad(tokens)
-    assert np.all(np.asarray(tokens)[len(seq):] == 0) and 0 not in seq
+    assert np.all(np.asarray(tokens)[len(seq) :] == 0) and 0 not in seq
     assert len(seq) <= limit
     if EOS in seq:
         assert seq.index(EOS) == len(seq) - 1
@@ -260,8 +259,7 @@ class ScriptedModel:
         batch = tf.shape(memory)[0]
         return {"self": [(tf.zeros([batch, 1, max_length, 2]),) * 2], "cross": [(memory, memory)]}
 
-    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
-                    self_attention_mask=None):
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None, self_attention_mask=None):
         self.steps.assign_add(1)
         if positions is None:
             positions = cache_index + tf.range(tf.shape(target_ids)[1])
@@ -340,8 +338,7 @@ class SourceLengthModel:
     encode = ScriptedModel.encode
     init_cache = ScriptedModel.init_cache
 
-    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
-                    self_attention_mask=None):
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None, self_attention_mask=None):
         self.rows.assign_add(tf.size(target_ids))
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, 0), tf.int32), axis=1)  # [B]
         step = positions[None, :] + tf.zeros_like(target_ids)  # [B, K]
@@ -375,11 +372,9 @@ class FirstStepRowsModel(SourceLengthModel):
         super().__init__()
         self.first_rows = tf.Variable(0)
 
-    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
-                    self_attention_mask=None):
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None, self_attention_mask=None):
         self.first_rows.assign_add(tf.where(tf.equal(cache_index, 0), tf.size(target_ids), 0))
-        return super().decode_step(target_ids, memory, source_ids, cache, cache_index, positions,
-                                   self_attention_mask)
+        return super().decode_step(target_ids, memory, source_ids, cache, cache_index, positions, self_attention_mask)
 
 
 def test_first_step_computes_one_hypothesis_per_sentence():
@@ -401,8 +396,9 @@ def test_first_step_state_equals_a_full_step_zero(random_model, sources):
 
     @tf.function
     def both(source_ids):
-        step = make_step_fn(random_model, random_model.encode(source_ids), source_ids, buffer_length, BOS,
-                            use_cache=True, beam_size=k)
+        step = make_step_fn(
+            random_model, random_model.encode(source_ids), source_ids, buffer_length, BOS, use_cache=True, beam_size=k
+        )
         assert step.has_first  # a plain graph
         token_ids = tf.zeros([tf.shape(source_ids)[0], k, buffer_length], tf.int32)
         return step(tf.constant(0), token_ids, step.initial_state), step.first(token_ids, step.initial_state)
@@ -492,10 +488,13 @@ def test_top_allowed_tokens_of_bfloat16_logits_match_float32():
     expected_log_probs, expected_ids = top_allowed_tokens(tf.constant(x), 8, 0, 2, EOS)
     reference = tf.nn.log_softmax(x).numpy()
     assert not np.isin(ids.numpy(), [0, EOS]).any()  # pad (0) and the end token
-    np.testing.assert_array_equal(np.take_along_axis(x, ids.numpy(), -1), np.take_along_axis(x, expected_ids.numpy(), -1))
+    np.testing.assert_array_equal(
+        np.take_along_axis(x, ids.numpy(), -1), np.take_along_axis(x, expected_ids.numpy(), -1)
+    )
     np.testing.assert_allclose(log_probs.numpy(), np.take_along_axis(reference, ids.numpy(), -1), atol=0.02)
-    np.testing.assert_allclose(expected_log_probs.numpy(), np.take_along_axis(reference, expected_ids.numpy(), -1),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        expected_log_probs.numpy(), np.take_along_axis(reference, expected_ids.numpy(), -1), atol=1e-5
+    )
 
 
 def test_bfloat16_search_takes_its_logits_in_bfloat16(monkeypatch):
@@ -619,11 +618,13 @@ class ProjectionCountingModel(ScriptedModel):
         self.decoded_rows = tf.Variable(0)
         self.projected_rows = tf.Variable(0)
 
-    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
-                    self_attention_mask=None, project=True):
+    def decode_step(
+        self, target_ids, memory, source_ids, cache, cache_index, positions=None, self_attention_mask=None, project=True
+    ):
         self.decoded_rows.assign_add(tf.size(target_ids))
-        logits, cache = super().decode_step(target_ids, memory, source_ids, cache, cache_index, positions,
-                                            self_attention_mask)
+        logits, cache = super().decode_step(
+            target_ids, memory, source_ids, cache, cache_index, positions, self_attention_mask
+        )
         return (self.step_logits(logits, cache) if project else logits), cache
 
     def step_logits(self, decoder_output, cache, dtype="float32"):

@@ -22,14 +22,17 @@ def _cpuinfo(tmp_path, flags):
     return str(path)
 
 
-@pytest.mark.parametrize("flags, gpus, expected", [
-    ("avx2 avx512f avx512_bf16", [], "bfloat16"),
-    ("avx2 amx_bf16", [], "bfloat16"),
-    ("avx2 avx512f", [], "float32"),
-    ("avx2", [(8, 0)], "bfloat16"),
-    ("avx2", [(7, 5)], "mixed_float16"),
-    ("avx2", [(6, 1)], "float32"),
-])
+@pytest.mark.parametrize(
+    "flags, gpus, expected",
+    [
+        ("avx2 avx512f avx512_bf16", [], "bfloat16"),
+        ("avx2 amx_bf16", [], "bfloat16"),
+        ("avx2 avx512f", [], "float32"),
+        ("avx2", [(8, 0)], "bfloat16"),
+        ("avx2", [(7, 5)], "mixed_float16"),
+        ("avx2", [(6, 1)], "float32"),
+    ],
+)
 def test_auto_decoding_precision(tmp_path, flags, gpus, expected):
     policy, reason = auto_decoding_precision(_cpuinfo(tmp_path, flags), gpu_capabilities=gpus)
     assert policy == expected and reason
@@ -79,8 +82,23 @@ def test_export_auto_is_float32_elsewhere_and_flags_override(tiny_run_dir, tmp_p
     info = _export_info(export_saved_model(tiny_run_dir, base, version=1, max_extra_length=6))
     assert info["precision"] == "float32" and info["precision_choice"].startswith("auto: the CPU has no")
     # A precision asked for is used as given, on any machine.
-    assert cli.main(["export", tiny_run_dir, "--output", base, "--version", "2", "--precision", "bfloat16",
-                     "--max-extra-length", "6"]) == 0
+    assert (
+        cli.main(
+            [
+                "export",
+                tiny_run_dir,
+                "--output",
+                base,
+                "--version",
+                "2",
+                "--precision",
+                "bfloat16",
+                "--max-extra-length",
+                "6",
+            ]
+        )
+        == 0
+    )
     info = _export_info(os.path.join(base, "2"))
     assert info["precision"] == "bfloat16" and info["precision_choice"] is None
     with pytest.raises(SystemExit):

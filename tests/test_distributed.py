@@ -39,8 +39,13 @@ def test_mirrored_two_replicas_train_like_one_device(tmp_path, spm500):
     """Same global batches, dropout 0: MirroredStrategy over two CPU devices gives the
     one-device loss after every step, although the two halves of each batch hold
     different numbers of target tokens (the loss divides by the global count)."""
-    done = subprocess.run([sys.executable, str(WORKER), "mirrored", str(tmp_path), spm500],
-                          capture_output=True, text=True, env=worker_env(), timeout=TIMEOUT)
+    done = subprocess.run(
+        [sys.executable, str(WORKER), "mirrored", str(tmp_path), spm500],
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        timeout=TIMEOUT,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = last_json_line(done.stdout)
     assert result["replicas"] == {"mirrored": 2, "one_device": 1}
@@ -107,10 +112,15 @@ def run_two_workers(mode, run_dir, spm_model):
     try:
         for index in range(2):
             tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            processes.append(subprocess.Popen(
-                [sys.executable, str(WORKER), mode, str(run_dir), spm_model],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(TF_CONFIG=tf_config),
-            ))
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), mode, str(run_dir), spm_model],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=worker_env(TF_CONFIG=tf_config),
+                )
+            )
         outputs = [process.communicate(timeout=TIMEOUT) for process in processes]
     finally:
         for process in processes:

@@ -30,12 +30,15 @@ def _kept_share(rate, bits):
     return 1 - round(rate * 2**bits) / 2**bits
 
 
-@pytest.mark.parametrize("rate, shape, bits", [
-    (0.3, _SHAPE, 16),  # [..., D / 2] numbers, two decisions each
-    (0.1, (4096, 1023), 16),  # odd width: the flattened draw
-    (0.002, _SHAPE, 32),  # within 2^-8 of 0: 16 bits would round the rate by 0.2%+
-    (0.9999, _SHAPE, 32),  # ... or of 1
-])
+@pytest.mark.parametrize(
+    "rate, shape, bits",
+    [
+        (0.3, _SHAPE, 16),  # [..., D / 2] numbers, two decisions each
+        (0.1, (4096, 1023), 16),  # odd width: the flattened draw
+        (0.002, _SHAPE, 32),  # within 2^-8 of 0: 16 bits would round the rate by 0.2%+
+        (0.9999, _SHAPE, 32),  # ... or of 1
+    ],
+)
 def test_drops_its_rate_and_scales_by_the_kept_share_on_every_path(rate, shape, bits):
     y = np.asarray(Dropout(rate, seed=0)(tf.ones(shape), training=True))
     share = float(np.mean(y == 0.0))
@@ -114,8 +117,9 @@ def test_config_round_trip_and_serialization():
 
 
 # P_drop and the attention-weight rate differ, and neither is 0: a dropout given the other's rate shows.
-_MODEL_CONFIG = TransformerConfig(vocab_size=50, num_layers=1, d_model=16, num_heads=2, d_ff=32,
-                                  dropout=0.3, attention_dropout=0.1)
+_MODEL_CONFIG = TransformerConfig(
+    vocab_size=50, num_layers=1, d_model=16, num_heads=2, d_ff=32, dropout=0.3, attention_dropout=0.1
+)
 
 
 def _dropouts_and_their_rates(model, config):
@@ -148,7 +152,8 @@ def test_every_dropout_of_the_model_is_exact_and_has_the_rate_of_its_config():
     expected = _dropouts_and_their_rates(model, _MODEL_CONFIG)
     assert set(expected) == {id(layer) for layer in dropouts}
     assert {layer.name: layer.rate for layer, _ in expected.values()} == {
-        layer.name: rate for layer, rate in expected.values()}
+        layer.name: rate for layer, rate in expected.values()
+    }
 
 
 def test_every_dropout_of_the_model_drops_its_rate_in_training_and_nothing_at_inference(monkeypatch):

@@ -16,9 +16,21 @@ TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 def run_args(path, spm500, **options):
     path.mkdir(parents=True, exist_ok=True)
     shutil.copy(spm500, path / "spm.model")
-    values = dict(output=str(path), preset="tiny", vocab_size=500, overrides=TINY_NET, batch_tokens=1024,
-                  max_length=32, warmup_steps=2, max_steps=5, checkpoint_every=1, keep_checkpoints=10,
-                  validation_split=None, verbose=0, seed=3)
+    values = dict(
+        output=str(path),
+        preset="tiny",
+        vocab_size=500,
+        overrides=TINY_NET,
+        batch_tokens=1024,
+        max_length=32,
+        warmup_steps=2,
+        max_steps=5,
+        checkpoint_every=1,
+        keep_checkpoints=10,
+        validation_split=None,
+        verbose=0,
+        seed=3,
+    )
     values.update(options)
     return training.TrainingArgs(**values)
 
@@ -40,7 +52,9 @@ def test_final_model_is_the_moving_average_of_the_training_weights(tmp_path, spm
     for got, expected in zip(result.model.get_weights(), average):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     # ... and is not simply the last weights.
-    assert any(not np.allclose(a, b) for a, b in zip(result.model.get_weights(), checkpoint_weights(tmp_path / "ema", 5)))
+    assert any(
+        not np.allclose(a, b) for a, b in zip(result.model.get_weights(), checkpoint_weights(tmp_path / "ema", 5))
+    )
 
 
 def test_keeping_an_average_does_not_change_training_across_fit_calls(tmp_path, spm500):
@@ -50,9 +64,16 @@ def test_keeping_an_average_does_not_change_training_across_fit_calls(tmp_path, 
 
     for lang in ("en", "de"):  # 80 pairs: epochs of a few steps
         (tmp_path / f"small.{lang}").write_text("\n".join(read_lines("val", lang)[:80]) + "\n", encoding="utf-8")
-    options = dict(max_steps=None, epochs=3, steps_per_execution=2, checkpoint_every=1, keep_checkpoints=100,
-                   data=f"files:{tmp_path}/small.en,{tmp_path}/small.de", batch_tokens=512,
-                   validation_split="train")  # validation (with the average) at every epoch end, too
+    options = dict(
+        max_steps=None,
+        epochs=3,
+        steps_per_execution=2,
+        checkpoint_every=1,
+        keep_checkpoints=100,
+        data=f"files:{tmp_path}/small.en,{tmp_path}/small.de",
+        batch_tokens=512,
+        validation_split="train",
+    )  # validation (with the average) at every epoch end, too
     plain = training.train(run_args(tmp_path / "plain", spm500, **options))
     averaged = training.train(run_args(tmp_path / "ema", spm500, ema=0.9, **options))
     assert plain.step == averaged.step and len(plain.history) == 3  # three epochs: three fit() calls
@@ -104,7 +125,10 @@ def test_a_resume_that_would_not_load_the_optimizer_state_is_refused(tmp_path, s
     config = json.loads((run_dir / "config.json").read_text())
     del config["training"]["ema"]
     (run_dir / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"optimizer state in .*state-00000002.weights.h5 was not loaded: the "
-                                         r"optimizer is at 0 updates, not 2.*another --ema"):
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer state in .*state-00000002.weights.h5 was not loaded: the "
+        r"optimizer is at 0 updates, not 2.*another --ema",
+    ):
         training.train(run_args(run_dir, spm500, max_steps=4, ema=0.9))
     assert training.train(run_args(run_dir, spm500, max_steps=4)).resumed_from == 2  # without --ema: it goes on

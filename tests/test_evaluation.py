@@ -29,7 +29,8 @@ def test_pipeline_reproduces_the_official_tokenized_test2016_references():
 def test_escaping_and_punctuation_normalization_are_applied():
     # Escaping (&quot; &apos; &amp;) and normalized quotes are what tell this pipeline from a plain one.
     assert moses_tokenize_lowercase(['Ein "Hund" & eine Katze\'s Ball.'], "de") == [
-        "ein &quot; hund &quot; &amp; eine katze &apos; s ball ."]
+        "ein &quot; hund &quot; &amp; eine katze &apos; s ball ."
+    ]
 
 
 def test_tokenized_bleu_of_the_references_against_the_official_file_is_100():

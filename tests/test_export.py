@@ -21,6 +21,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import TINY_RUN_MAX_LENGTH as MAX_LENGTH  # longer sources are truncated to this many tokens
+from conftest import TINY_RUN_VOCAB as VOCAB
 
 from keras_transformer import cli
 from keras_transformer.data.corpora import read_lines
@@ -33,9 +35,6 @@ from keras_transformer.inference.saved_model import (
 )
 from keras_transformer.inference.translator import Translator
 from keras_transformer.run_dir import build_model, checkpoint_path, load_run, model_config_of_run, save_model_weights
-
-from conftest import TINY_RUN_MAX_LENGTH as MAX_LENGTH  # longer sources are truncated to this many tokens
-from conftest import TINY_RUN_VOCAB as VOCAB
 
 EXTRA = 10  # max_extra_length at export (50 in the paper; small to keep the test fast)
 BIN = os.path.dirname(sys.executable)
@@ -149,11 +148,17 @@ def exported(run_dir, tmp_path_factory):
 
 def _serve_in_fresh_process(export_dir, cases, cases_path):
     """What a fresh tensorflow + tensorflow_text process answers for each case of `cases` (name -> bytes)."""
-    cases_path.write_text(json.dumps(
-        {name: [base64.b64encode(s).decode() for s in items] for name, items in cases.items()}))
+    cases_path.write_text(
+        json.dumps({name: [base64.b64encode(s).decode() for s in items] for name, items in cases.items()})
+    )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", _SERVE_SCRIPT, export_dir, str(cases_path)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SERVE_SCRIPT, export_dir, str(cases_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for results in (out["results"], out["session_results"]):
@@ -205,9 +210,14 @@ def test_layout_and_asset(exported, run_dir, served):
     with open(os.path.join(exported, "assets", "export.json")) as f:
         info = json.load(f)
     _check_score_definition(info["decoding"].pop("score"))
-    assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_extra_length": EXTRA,
-                                "max_input_length": MAX_LENGTH, "early_stopping": "exact",
-                                "max_batch_size": 1024}
+    assert info["decoding"] == {
+        "beam_size": 4,
+        "alpha": 0.6,
+        "max_extra_length": EXTRA,
+        "max_input_length": MAX_LENGTH,
+        "early_stopping": "exact",
+        "max_batch_size": 1024,
+    }
     assert info["precision"] == "float32"
     # This run directory was made by hand, without training options (a trained one's are recorded:
     # test_train_multi30k_example_runs_and_prints_bleu).
@@ -298,9 +308,20 @@ def test_batch_of_256(translator, served):
 
 def test_saved_model_cli_show(exported):
     proc = subprocess.run(
-        [os.path.join(BIN, "saved_model_cli"), "show", "--dir", exported, "--tag_set", "serve",
-         "--signature_def", "serving_default"],
-        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), timeout=120,
+        [
+            os.path.join(BIN, "saved_model_cli"),
+            "show",
+            "--dir",
+            exported,
+            "--tag_set",
+            "serve",
+            "--signature_def",
+            "serving_default",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
@@ -332,8 +353,12 @@ def test_cli_export(run_dir, tmp_path):
     base = str(tmp_path / "cli_model")
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        assert cli.main(["export", run_dir, "--output", base, "--version", "5", "--beam", "2",
-                         "--max-extra-length", str(EXTRA)]) == 0
+        assert (
+            cli.main(
+                ["export", run_dir, "--output", base, "--version", "5", "--beam", "2", "--max-extra-length", str(EXTRA)]
+            )
+            == 0
+        )
     assert stdout.getvalue().strip().splitlines()[-1] == os.path.join(base, "5")
     with open(os.path.join(base, "5", "assets", "export.json")) as f:
         info = json.load(f)
@@ -347,7 +372,6 @@ def test_cli_export(run_dir, tmp_path):
     with pytest.raises(SystemExit, match="no such run directory"):
         cli.main(["export", str(tmp_path / "missing"), "--output", base])
     assert list_versions(base) == [5]
-
 
 
 def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
@@ -366,22 +390,53 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
     # The library passes early_stopping and the precision through, and keeps what the caller knows about
     # the model (the demo: its scores and machine) as given.
     metadata = {"test2016": {"bleu": 12.5}, "machine": {"cpu": "some CPU"}}
-    first = export_saved_model(run, base, version=1, max_extra_length=EXTRA, early_stopping="k_finished",
-                               dtype="mixed_bfloat16", metadata=metadata)
+    first = export_saved_model(
+        run,
+        base,
+        version=1,
+        max_extra_length=EXTRA,
+        early_stopping="k_finished",
+        dtype="mixed_bfloat16",
+        metadata=metadata,
+    )
     info = _read_export_info(first)
     assert info.pop("metadata") == metadata
     _check_score_definition(info["decoding"].pop("score"))
-    assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_extra_length": EXTRA,
-                                "max_input_length": MAX_LENGTH, "early_stopping": "k_finished",
-                                "max_batch_size": 1024}
+    assert info["decoding"] == {
+        "beam_size": 4,
+        "alpha": 0.6,
+        "max_extra_length": EXTRA,
+        "max_input_length": MAX_LENGTH,
+        "early_stopping": "k_finished",
+        "max_batch_size": 1024,
+    }
     assert info["precision"] == "mixed_bfloat16"
     with pytest.raises(FileExistsError, match="already exists"):
         export_saved_model(run, base, version=1)
 
     # The command: an existing version needs --overwrite, which replaces it.
-    argv = ["export", run, "--output", base, "--version", "1", "--beam", "2", "--alpha", "0.3",
-            "--max-extra-length", str(EXTRA), "--max-input-length", "8", "--early-stopping", "k_finished",
-            "--checkpoint", "latest", "--precision", "float32"]
+    argv = [
+        "export",
+        run,
+        "--output",
+        base,
+        "--version",
+        "1",
+        "--beam",
+        "2",
+        "--alpha",
+        "0.3",
+        "--max-extra-length",
+        str(EXTRA),
+        "--max-input-length",
+        "8",
+        "--early-stopping",
+        "k_finished",
+        "--checkpoint",
+        "latest",
+        "--precision",
+        "float32",
+    ]
     with pytest.raises(SystemExit, match="already exists"):
         cli.main(argv)
     assert _read_export_info(first)["precision"] == "mixed_bfloat16"  # left alone
@@ -392,9 +447,14 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
     assert sorted(os.listdir(base)) == ["1"]  # replaced, no temporary directory left behind
     info = _read_export_info(first)
     _check_score_definition(info["decoding"].pop("score"))
-    assert info["decoding"] == {"beam_size": 2, "alpha": 0.3, "max_extra_length": EXTRA,
-                                "max_input_length": 8, "early_stopping": "k_finished",
-                                "max_batch_size": 1024}
+    assert info["decoding"] == {
+        "beam_size": 2,
+        "alpha": 0.3,
+        "max_extra_length": EXTRA,
+        "max_input_length": 8,
+        "early_stopping": "k_finished",
+        "max_batch_size": 1024,
+    }
     assert info["precision"] == "float32" and info["source"] == run
 
     # Served by a fresh process: the answers of Translator(checkpoint, same options).
@@ -467,10 +527,14 @@ def _rest_stand_in(serve):
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             inputs = request["inputs"]["inputs"]
             outputs = serve(inputs=tf.constant([s.encode() for s in inputs], tf.string, shape=[len(inputs)]))
-            body = json.dumps({"outputs": {
-                "translations": [t.decode("utf-8") for t in outputs["translations"].numpy()],
-                "scores": outputs["scores"].numpy().tolist(),
-            }}).encode()
+            body = json.dumps(
+                {
+                    "outputs": {
+                        "translations": [t.decode("utf-8") for t in outputs["translations"].numpy()],
+                        "scores": outputs["scores"].numpy().tolist(),
+                    }
+                }
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -508,8 +572,12 @@ def test_serving_client(exported, translator):
             assert client.main(["--port", str(port), "--model", "tiny", "--batch-size", "2"] + sentences) == 0
         in_flight = io.StringIO()  # three requests, two at a time: the output keeps the input's order
         with contextlib.redirect_stdout(in_flight):
-            assert client.main(["--port", str(port), "--model", "tiny", "--batch-size", "2", "--in-flight", "2"]
-                               + sentences) == 0
+            assert (
+                client.main(
+                    ["--port", str(port), "--model", "tiny", "--batch-size", "2", "--in-flight", "2"] + sentences
+                )
+                == 0
+            )
     finally:
         server.stop(None)
     assert translations == expected

@@ -72,9 +72,7 @@ def test_teacher_forced_log_probs_match(exported):
     model, translator, vocab = exported
     sources = _sentences(0, [5, 9, 7])
     targets = _sentences(1, [4, 6, 3])
-    results = translator.score_batch(
-        [[vocab[i] for i in s] for s in sources], [[vocab[i] for i in t] for t in targets]
-    )
+    results = translator.score_batch([[vocab[i] for i in s] for s in sources], [[vocab[i] for i in t] for t in targets])
     for source, target, result in zip(sources, targets, results):
         logits = model((np.array([source]), np.array([[BOS] + target])), training=False)
         log_probs = tf.nn.log_softmax(logits[0]).numpy()
@@ -90,7 +88,9 @@ def test_greedy_outputs_match(exported):
     ours, _ = greedy_search(model, _padded(sources), max_length=12, min_length=1)
     # Our search never generates the pad id; tell CTranslate2 the same.
     theirs = translator.translate_batch(
-        [[vocab[i] for i in s] for s in sources], beam_size=1, max_decoding_length=12,
+        [[vocab[i] for i in s] for s in sources],
+        beam_size=1,
+        max_decoding_length=12,
         suppress_sequences=[["<pad>"]],
     )
     for row, result in zip(ours.numpy(), theirs):
@@ -104,8 +104,11 @@ def test_beam_outputs_match_at_fixed_length(exported):
     sources = _sentences(3, [7, 4, 9])
     ours, _ = beam_search(model, _padded(sources), beam_size=4, alpha=0.6, max_length=8, min_length=8)
     theirs = translator.translate_batch(
-        [[vocab[i] for i in s] for s in sources], beam_size=4, min_decoding_length=8,
-        max_decoding_length=8, suppress_sequences=[["<pad>"]],
+        [[vocab[i] for i in s] for s in sources],
+        beam_size=4,
+        min_decoding_length=8,
+        max_decoding_length=8,
+        suppress_sequences=[["<pad>"]],
     )
     for row, result in zip(ours.numpy(), theirs):
         assert len(result.hypotheses[0]) == 8
@@ -205,8 +208,8 @@ def test_export_replaces_an_empty_or_ctranslate2_directory(tmp_path):
     vocab = default_vocabulary(VOCAB)
     source, target = _sentences(7, [5])[0], _sentences(8, [4])[0]
     result = ctranslate2.Translator(str(path), device="cpu", intra_threads=1).score_batch(
-        [[vocab[i] for i in source]], [[vocab[i] for i in target]])[0]
+        [[vocab[i] for i in source]], [[vocab[i] for i in target]]
+    )[0]
     logits = second((np.array([source + [EOS]]), np.array([[BOS] + target])), training=False)
     log_probs = tf.nn.log_softmax(logits[0]).numpy()
-    np.testing.assert_allclose(result.log_probs, [log_probs[j, t] for j, t in enumerate(target + [EOS])],
-                               atol=1e-3)
+    np.testing.assert_allclose(result.log_probs, [log_probs[j, t] for j, t in enumerate(target + [EOS])], atol=1e-3)

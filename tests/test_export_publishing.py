@@ -23,6 +23,7 @@ def _info(export_dir):
 
 def _fail_after_saving(monkeypatch, effect):
     """Runs `effect(work_dir)` where the export checks its ops (after the SavedModel is written), then fails."""
+
     def check_then_fail(work_dir):
         effect(work_dir)
         raise RuntimeError("disk full")
@@ -46,8 +47,15 @@ def test_a_version_that_appears_during_the_export_is_not_replaced(tiny_run_dir, 
     assert sorted(os.listdir(base)) == ["1"] and os.listdir(base / "1") == ["OTHER_EXPORT"]  # no temporary left
 
     monkeypatch.setattr(saved_model, "check_serving_ops", real_check)
-    path = export_saved_model(tiny_run_dir, str(base), version=1, overwrite=True, max_extra_length=EXTRA,
-                              dtype="float32", warmup_sentences=None)
+    path = export_saved_model(
+        tiny_run_dir,
+        str(base),
+        version=1,
+        overwrite=True,
+        max_extra_length=EXTRA,
+        dtype="float32",
+        warmup_sentences=None,
+    )
     assert sorted(os.listdir(base)) == ["1"] and "OTHER_EXPORT" not in os.listdir(path)  # replaced whole
 
 
@@ -91,8 +99,9 @@ def test_a_translator_s_own_limits_survive_other_decoding_options(tiny_run_dir, 
 
 
 def test_export_json_names_the_weights_it_was_made_from(tiny_run_dir, tmp_path):
-    path = export_saved_model(tiny_run_dir, str(tmp_path / "final"), max_extra_length=EXTRA, dtype="float32",
-                              warmup_sentences=None)
+    path = export_saved_model(
+        tiny_run_dir, str(tmp_path / "final"), max_extra_length=EXTRA, dtype="float32", warmup_sentences=None
+    )
     assert _info(path)["weights"] == weights_file(tiny_run_dir) == os.path.join(tiny_run_dir, "model.keras")
     again = export_saved_model(path, str(tmp_path / "again"), warmup_sentences=None)
     assert _info(again)["weights"] == _info(path)["weights"]  # a re-export: the weights it carries
@@ -101,14 +110,28 @@ def test_export_json_names_the_weights_it_was_made_from(tiny_run_dir, tmp_path):
 def test_an_export_s_n_best_signature_against_a_smaller_beam(tiny_run_dir, tmp_path):
     """A re-export keeps an export's N; a beam too small for it is refused with where N came from, and
     n_best 0 (--n-best 0) exports without the signature."""
-    first = export_saved_model(tiny_run_dir, str(tmp_path / "nbest"), beam_size=3, max_extra_length=EXTRA,
-                               dtype="float32", n_best=3, warmup_sentences=None)
-    with pytest.raises(SystemExit, match=r"export: .* translate_n_best signature of the 3 best, more than the beam "
-                                         r"size 2 .* or 0 for no n-best signature"):
+    first = export_saved_model(
+        tiny_run_dir,
+        str(tmp_path / "nbest"),
+        beam_size=3,
+        max_extra_length=EXTRA,
+        dtype="float32",
+        n_best=3,
+        warmup_sentences=None,
+    )
+    with pytest.raises(
+        SystemExit,
+        match=r"export: .* translate_n_best signature of the 3 best, more than the beam "
+        r"size 2 .* or 0 for no n-best signature",
+    ):
         cli.main(["export", first, "--output", str(tmp_path / "smaller"), "--beam", "2", "--no-warmup"])
     assert not os.path.exists(tmp_path / "smaller" / "1")
-    assert cli.main(["export", first, "--output", str(tmp_path / "smaller"), "--beam", "2", "--n-best", "0",
-                     "--no-warmup"]) == 0
+    assert (
+        cli.main(
+            ["export", first, "--output", str(tmp_path / "smaller"), "--beam", "2", "--n-best", "0", "--no-warmup"]
+        )
+        == 0
+    )
     path = str(tmp_path / "smaller" / "1")
     assert "n_best_signature" not in _info(path) and _info(path)["decoding"]["beam_size"] == 2
     assert set(tf.saved_model.load(path).signatures) == {"serving_default"}

@@ -24,9 +24,19 @@ def base_run(tmp_path_factory):
     run_dir.mkdir()
     texts = corpora.read_lines("train", "en")[:3000] + corpora.read_lines("train", "de")[:3000]
     train_tokenizer(texts, run_dir / "spm", vocab_size=500)
-    args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500, overrides=TINY_NET,
-                                 batch_tokens=1024, max_length=32, max_steps=6, warmup_steps=4, checkpoint_every=3,
-                                 validation_split=None, verbose=0)
+    args = training.TrainingArgs(
+        output=str(run_dir),
+        preset="tiny",
+        vocab_size=500,
+        overrides=TINY_NET,
+        batch_tokens=1024,
+        max_length=32,
+        max_steps=6,
+        warmup_steps=4,
+        checkpoint_every=3,
+        validation_split=None,
+        verbose=0,
+    )
     training.train(args)
     for lang in ("en", "de"):
         (root / f"new.{lang}").write_text("\n".join(corpora.read_lines("val", lang)[100:164]) + "\n", encoding="utf-8")
@@ -39,9 +49,19 @@ def loss_on(model, tokenizer, spec):
 
 
 def fine_tune_args(output, base_dir, spec, **options):
-    values = dict(output=str(output), data=spec, init_from=str(base_dir), batch_tokens=256, max_length=32,
-                  max_steps=8, warmup_steps=2, checkpoint_every=100, validation_split=None, verbose=0,
-                  overrides={"dropout": 0.0})
+    values = dict(
+        output=str(output),
+        data=spec,
+        init_from=str(base_dir),
+        batch_tokens=256,
+        max_length=32,
+        max_steps=8,
+        warmup_steps=2,
+        checkpoint_every=100,
+        validation_split=None,
+        verbose=0,
+        overrides={"dropout": 0.0},
+    )
     values.update(options)
     return training.TrainingArgs(**values)
 
@@ -78,8 +98,9 @@ def test_resume_optimizer_continues_the_step_count(base_run, tmp_path):
             self.start = int(self.model.optimizer.iterations.numpy())
 
     iterations = Iterations()
-    training.train(fine_tune_args(tmp_path / "resumed", base_dir, spec, resume_optimizer=True, max_steps=2),
-                   callbacks=[iterations])
+    training.train(
+        fine_tune_args(tmp_path / "resumed", base_dir, spec, resume_optimizer=True, max_steps=2), callbacks=[iterations]
+    )
     assert iterations.start == 6  # the base run's optimizer stopped after 6 updates
 
 
@@ -87,8 +108,11 @@ def test_resume_optimizer_with_another_ema_is_refused(base_run, tmp_path):
     """Keras would skip the other run's optimizer state (other variables) with a warning only,
     and the run would start with a fresh Adam and warmup while saying it took them."""
     base_dir, spec = base_run
-    with pytest.raises(ValueError, match=r"optimizer state in .*backup.* was not loaded: the optimizer is at 0 "
-                                         r"updates, not 6.*leave out --resume-optimizer"):
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer state in .*backup.* was not loaded: the optimizer is at 0 "
+        r"updates, not 6.*leave out --resume-optimizer",
+    ):
         training.train(fine_tune_args(tmp_path / "ema", base_dir, spec, resume_optimizer=True, ema=0.9))
 
 
@@ -98,8 +122,11 @@ def test_a_vocabulary_or_architecture_mismatch_is_refused(base_run, tmp_path):
     base_dir, spec = base_run
     other = tmp_path / "other"
     train_tokenizer(corpora.read_lines("train", "en")[3000:4000], other / "spm", vocab_size=500)
-    with pytest.raises(ValueError, match=r"Vocabulary mismatch: .*other/spm.model is not the vocabulary of "
-                                         r".*base, whose weights --init-from loads \(piece \d+ is "):
+    with pytest.raises(
+        ValueError,
+        match=r"Vocabulary mismatch: .*other/spm.model is not the vocabulary of "
+        r".*base, whose weights --init-from loads \(piece \d+ is ",
+    ):
         training.train(fine_tune_args(other, base_dir, spec))
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -38,7 +38,7 @@ def build(preset, seed=None):
     return {w.path.split("/", 1)[1]: np.asarray(w) for w in model.weights}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def seeded_weights(preset):
     return build(preset, SEED)
 
@@ -65,8 +65,11 @@ def identical_pairs(arrays):
         for name in names:
             buckets.setdefault(hashlib.blake2b(sorted_values[name].tobytes()).digest(), []).append(name)
         for bucket in buckets.values():
-            pairs += [(a, b) for a, b in itertools.combinations(bucket, 2)
-                      if np.array_equal(sorted_values[a], sorted_values[b])]
+            pairs += [
+                (a, b)
+                for a, b in itertools.combinations(bucket, 2)
+                if np.array_equal(sorted_values[a], sorted_values[b])
+            ]
     return pairs
 
 

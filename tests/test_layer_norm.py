@@ -37,12 +37,16 @@ def test_outputs_and_all_gradients_equal_keras_layer_norm():
     upstream = rng.standard_normal(x.shape).astype("float32")
     ours, reference = _pair(x.shape)
     assert ours._closed_form
-    for got, want, name in zip(_value_and_gradients(ours, x, upstream),
-                               _value_and_gradients(reference, x, upstream), ["y", "dx", "dgamma", "dbeta"]):
+    for got, want, name in zip(
+        _value_and_gradients(ours, x, upstream),
+        _value_and_gradients(reference, x, upstream),
+        ["y", "dx", "dgamma", "dbeta"],
+    ):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
     # The mean is removed exactly: shifting a row changes nothing, forward or backward.
-    np.testing.assert_allclose(_value_and_gradients(ours, x + 100.0, upstream)[1],
-                               _value_and_gradients(ours, x, upstream)[1], atol=1e-3)
+    np.testing.assert_allclose(
+        _value_and_gradients(ours, x + 100.0, upstream)[1], _value_and_gradients(ours, x, upstream)[1], atol=1e-3
+    )
 
 
 def test_mixed_bfloat16_computes_in_float32_and_returns_bfloat16():
@@ -60,11 +64,15 @@ def test_mixed_bfloat16_computes_in_float32_and_returns_bfloat16():
     ours, reference = _pair(values.shape, dtype="mixed_bfloat16")
     assert ours(x).dtype == "bfloat16" and ours.gamma.dtype == "float32"
     centered = values - values.mean(axis=-1, keepdims=True)
-    float32_layer_norm = (centered / np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + 1e-6)
-                          * np.asarray(ours.gamma) + np.asarray(ours.beta))
+    float32_layer_norm = centered / np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + 1e-6) * np.asarray(
+        ours.gamma
+    ) + np.asarray(ours.beta)
     np.testing.assert_allclose(np.asarray(tf.cast(ours(x), tf.float32)), float32_layer_norm, rtol=1e-2, atol=1e-2)
-    for got, want, name in zip(_value_and_gradients(ours, x, upstream),
-                               _value_and_gradients(reference, x, upstream), ["y", "dx", "dgamma", "dbeta"]):
+    for got, want, name in zip(
+        _value_and_gradients(ours, x, upstream),
+        _value_and_gradients(reference, x, upstream),
+        ["y", "dx", "dgamma", "dbeta"],
+    ):
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2, err_msg=name)
 
 
@@ -128,8 +136,10 @@ def test_served_inference_runs_one_fused_kernel_with_the_closed_form_s_results(t
     layer, _ = _pair((4, 3, 16), dtype=dtype)
     module = tf.Module()
     module.weights = [weight.value for weight in layer.weights]  # the tf.Variables, for the SavedModel to restore
-    module.serve = tf.function(lambda x: {"y": tf.cast(layer(x, training=False), tf.float32)},
-                               input_signature=[tf.TensorSpec([None, None, 16], layer.compute_dtype)])
+    module.serve = tf.function(
+        lambda x: {"y": tf.cast(layer(x, training=False), tf.float32)},
+        input_signature=[tf.TensorSpec([None, None, 16], layer.compute_dtype)],
+    )
     tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
     rng = np.random.default_rng(6)
     # A large offset and a small spread per row: float32 statistics keep the spread, bfloat16 sums would not.
@@ -141,11 +151,18 @@ def test_served_inference_runs_one_fused_kernel_with_the_closed_form_s_results(t
         signature = tf.compat.v1.saved_model.load(session, ["serve"], str(tmp_path)).signature_def["serving_default"]
         metadata = tf.compat.v1.RunMetadata()
         feed = x.astype(tf.as_dtype(layer.compute_dtype).as_numpy_dtype)
-        y = session.run(signature.outputs["y"].name, {signature.inputs["x"].name: feed},
-                        options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-                        run_metadata=metadata)
-    ran = {node.timeline_label.split("=", 1)[-1].split("(")[0].strip()
-           for device in metadata.step_stats.dev_stats for node in device.node_stats if "=" in node.timeline_label}
+        y = session.run(
+            signature.outputs["y"].name,
+            {signature.inputs["x"].name: feed},
+            options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+            run_metadata=metadata,
+        )
+    ran = {
+        node.timeline_label.split("=", 1)[-1].split("(")[0].strip()
+        for device in metadata.step_stats.dev_stats
+        for node in device.node_stats
+        if "=" in node.timeline_label
+    }
     if compat.onednn_kernels_enabled():
         assert "_MklLayerNorm" in ran and not ran & {"Mean", "Rsqrt", "FusedBatchNormV3"}
     else:

@@ -24,16 +24,20 @@ from keras_transformer.layers.position_wise import position_wise_matmul
 
 def numpy_multi_head_attention(layer, query, memory, mask=None):
     """Equation (1) and MultiHead of §3.2.2 from the layer's own weights."""
-    wq, wk, wv, wo = (np.asarray(w) for w in (layer.query_kernel, layer.key_kernel,
-                                             layer.value_kernel, layer.output_kernel))
+    wq, wk, wv, wo = (
+        np.asarray(w) for w in (layer.query_kernel, layer.key_kernel, layer.value_kernel, layer.output_kernel)
+    )
     n, dk, dv = layer.num_heads, layer.key_dim, layer.value_dim
-    bq, bk, bv, bo = ((np.asarray(b) for b in (layer.query_bias, layer.key_bias, layer.value_bias, layer.output_bias))
-                      if layer.use_bias else (np.zeros(n * dk), np.zeros(n * dk), np.zeros(n * dv), 0.0))
+    bq, bk, bv, bo = (
+        (np.asarray(b) for b in (layer.query_bias, layer.key_bias, layer.value_bias, layer.output_bias))
+        if layer.use_bias
+        else (np.zeros(n * dk), np.zeros(n * dk), np.zeros(n * dv), 0.0)
+    )
     heads = []
     for i in range(n):
-        q = query @ wq[:, i * dk:(i + 1) * dk] + bq[i * dk:(i + 1) * dk]
-        k = memory @ wk[:, i * dk:(i + 1) * dk] + bk[i * dk:(i + 1) * dk]
-        v = memory @ wv[:, i * dv:(i + 1) * dv] + bv[i * dv:(i + 1) * dv]
+        q = query @ wq[:, i * dk : (i + 1) * dk] + bq[i * dk : (i + 1) * dk]
+        k = memory @ wk[:, i * dk : (i + 1) * dk] + bk[i * dk : (i + 1) * dk]
+        v = memory @ wv[:, i * dv : (i + 1) * dv] + bv[i * dv : (i + 1) * dv]
         logits = q @ np.swapaxes(k, -1, -2) / math.sqrt(dk)
         if mask is not None:
             logits = np.where(mask, logits, -np.inf)
@@ -122,7 +126,7 @@ def test_self_attention_cache_equals_full_pass():
     cache = layer.init_cache(2, 6)
     outputs = []
     for t in range(6):
-        out, cache = layer(x[:, t:t + 1], use_causal_mask=True, cache=cache, cache_index=t)
+        out, cache = layer(x[:, t : t + 1], use_causal_mask=True, cache=cache, cache_index=t)
         outputs.append(out)
     np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
     # Two steps at once from the middle also agree.
@@ -169,7 +173,7 @@ def test_growing_self_attention_cache_equals_full_pass():
     assert cache[0].shape == (2, 2, 2, 4)
     outputs = []
     for t in range(2, 5):
-        out, cache = step(x[:, t:t + 1], cache, tf.constant(t))
+        out, cache = step(x[:, t : t + 1], cache, tf.constant(t))
         outputs.append(out)
     assert cache[0].shape == (2, 2, 5, 4) and cache[1].shape == (2, 2, 5, 4)
     np.testing.assert_allclose(np.concatenate(outputs, 1), full[:, 2:], atol=1e-5)
@@ -315,21 +319,25 @@ def test_position_wise_matmul_equals_matmul_at_every_position(shape):
 SHAPE_OPS = {"Shape", "ShapeN", "Size", "Rank", "Prod"}  # tf.tensordot's among them
 
 
-@pytest.mark.parametrize("signature, merged_axes, runs, reads_shapes", [
-    ([None, 4, 8], 1, [[3, 4, 8], [0, 4, 8]], False),  # a decoding step's [B, K, D]
-    ([None, 4, 2, 4], 2, [[3, 4, 2, 4], [0, 4, 2, 4]], False),  # its [B, K, N, H] before W^O
-    ([2, None, 8], 1, [[2, 5, 8], [2, 0, 8]], False),
-    ([None, None, 8], 1, [[2, 5, 8], [0, 3, 8]], True),
-    ([None, 0, 8], 1, [[2, 0, 8]], True),
-], ids=str)
-def test_position_wise_matmul_reads_shapes_only_when_two_axes_are_unknown(signature, merged_axes, runs,
-                                                                          reads_shapes):
+@pytest.mark.parametrize(
+    "signature, merged_axes, runs, reads_shapes",
+    [
+        ([None, 4, 8], 1, [[3, 4, 8], [0, 4, 8]], False),  # a decoding step's [B, K, D]
+        ([None, 4, 2, 4], 2, [[3, 4, 2, 4], [0, 4, 2, 4]], False),  # its [B, K, N, H] before W^O
+        ([2, None, 8], 1, [[2, 5, 8], [2, 0, 8]], False),
+        ([None, None, 8], 1, [[2, 5, 8], [0, 3, 8]], True),
+        ([None, 0, 8], 1, [[2, 0, 8]], True),
+    ],
+    ids=str,
+)
+def test_position_wise_matmul_reads_shapes_only_when_two_axes_are_unknown(signature, merged_axes, runs, reads_shapes):
     """One unknown axis is left to the reshape (-1): in a decoding step no shape op runs."""
     import tensorflow as tf
 
     kernel = tf.constant(np.random.default_rng(11).normal(size=(8, 3)).astype("float32"))
-    traced = tf.function(lambda x: position_wise_matmul(x, kernel, merged_axes),
-                         input_signature=[tf.TensorSpec(signature)])
+    traced = tf.function(
+        lambda x: position_wise_matmul(x, kernel, merged_axes), input_signature=[tf.TensorSpec(signature)]
+    )
     op_types = {op.type for op in traced.get_concrete_function().graph.get_operations()}
     assert bool(op_types & SHAPE_OPS) == reads_shapes, op_types & SHAPE_OPS
     assert "Prod" not in op_types  # never tf.tensordot
@@ -386,8 +394,8 @@ def test_post_ln_and_pre_ln_encoder_layers_follow_their_formulas():
     for norm_first in (False, True):
         layer = EncoderLayer(num_heads=2, d_ff=16, dropout=0.0, norm_first=norm_first)
         out = np.asarray(layer(x))
-        attention = lambda v: np.asarray(layer.self_attention(v))  # noqa: E731
-        ffn = lambda v: np.asarray(layer.feed_forward(v))  # noqa: E731
+        attention = lambda v, layer=layer: np.asarray(layer.self_attention(v))  # noqa: E731
+        ffn = lambda v, layer=layer: np.asarray(layer.feed_forward(v))  # noqa: E731
         if norm_first:
             h = x + attention(layer_norm(x))
             expected = h + ffn(layer_norm(h))
@@ -432,8 +440,11 @@ def test_value_dim_defaults_to_d_model_over_h_in_the_layers():
     encoder_layer(x)
     decoder = Decoder(num_layers=1, num_heads=4, d_ff=8, key_dim=2, value_dim=None)
     decoder(x, x)
-    for attention in (encoder_layer.self_attention, decoder.decoder_layers[0].self_attention,
-                      decoder.decoder_layers[0].cross_attention):
+    for attention in (
+        encoder_layer.self_attention,
+        decoder.decoder_layers[0].self_attention,
+        decoder.decoder_layers[0].cross_attention,
+    ):
         assert (attention.key_dim, attention.value_dim) == (2, 4)
     layer = EncoderLayer(num_heads=4, d_ff=8, value_dim=3)
     layer(x)
@@ -473,21 +484,28 @@ def test_input_projection_computed_beforehand_gives_the_same_output(dtype, use_b
     query = rng.normal(size=(2, 3, 16)).astype("float32")
     memory = rng.normal(size=(2, 5, 16)).astype("float32")
     for self_attention in (True, False):
-        layer = MultiHeadAttention(num_heads=2, key_dim=6, use_bias=use_bias, bias_initializer="random_normal",
-                                   dtype=dtype)
+        layer = MultiHeadAttention(
+            num_heads=2, key_dim=6, use_bias=use_bias, bias_initializer="random_normal", dtype=dtype
+        )
         key_value = None if self_attention else memory
         expected = layer(query, key_value)
         projection = layer.input_projection(self_attention=self_attention)
-        assert all(t is None or keras.backend.standardize_dtype(t.dtype) == layer.compute_dtype
-                   for t in projection.values())
+        assert all(
+            t is None or keras.backend.standardize_dtype(t.dtype) == layer.compute_dtype for t in projection.values()
+        )
         assert (projection["bias"] is not None) == use_bias
         width = 2 * 6 * (3 if self_attention else 1)
         assert tuple(projection["kernel"].shape) == (16, width)
         scaled_query = np.asarray(ops.cast(layer.query_kernel, "float32")) / math.sqrt(6)
-        np.testing.assert_allclose(np.asarray(ops.cast(projection["kernel"][:, :12], "float32")), scaled_query,
-                                   rtol=1e-2 if dtype != "float32" else 1e-6)
-        np.testing.assert_array_equal(np.asarray(ops.cast(layer(query, key_value, projection=projection), "float32")),
-                                      np.asarray(ops.cast(expected, "float32")))
+        np.testing.assert_allclose(
+            np.asarray(ops.cast(projection["kernel"][:, :12], "float32")),
+            scaled_query,
+            rtol=1e-2 if dtype != "float32" else 1e-6,
+        )
+        np.testing.assert_array_equal(
+            np.asarray(ops.cast(layer(query, key_value, projection=projection), "float32")),
+            np.asarray(ops.cast(expected, "float32")),
+        )
 
 
 def test_layers_with_extra_outputs_build_functional_models():
@@ -512,8 +530,7 @@ def test_attention_refuses_masks_and_inputs_of_other_ranks():
     with pytest.raises(ValueError, match=r"mha: query must be \[B, T, D\], got shape \(3, 8\)"):
         layer(x[0])
     padding = np.array([[True, True, False], [True, False, False]])
-    np.testing.assert_allclose(layer(x, attention_mask=padding), layer(x, attention_mask=padding[:, None]),
-                               atol=1e-6)
+    np.testing.assert_allclose(layer(x, attention_mask=padding), layer(x, attention_mask=padding[:, None]), atol=1e-6)
 
 
 @pytest.mark.parametrize("index", [-1, 5])
@@ -547,4 +564,3 @@ def test_learned_positions_past_the_table_give_nan_under_xla():
     at = tf.function(lambda start: layer(x, start_index=start), jit_compile=True)
     assert np.isnan(np.asarray(at(tf.constant(10)))).all()
     np.testing.assert_allclose(at(tf.constant(3)), np.asarray(layer.position_embeddings)[None, 3:4], atol=1e-6)
-

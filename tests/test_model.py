@@ -77,13 +77,14 @@ def test_cached_decoding_equals_full_pass():
         cache = model.init_cache(memory, max_length=6)
         steps = []
         for t in range(6):
-            logits, cache = model.decode_step(target[:, t:t + 1], memory, source, cache, t)
+            logits, cache = model.decode_step(target[:, t : t + 1], memory, source, cache, t)
             steps.append(np.asarray(logits))
         np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
         # The transposed output matrix rides along in the cache (computed once per search);
         # a cache without it (the decoder's own) gives the same logits.
-        np.testing.assert_array_equal(np.asarray(cache["shared"]["output_kernel"]),
-                                      np.asarray(model.output_projection.embeddings).T)
+        np.testing.assert_array_equal(
+            np.asarray(cache["shared"]["output_kernel"]), np.asarray(model.output_projection.embeddings).T
+        )
         plain = model.decoder.init_cache(memory, 6)
         first, plain = model.decode_step(target[:, :1], memory, source, plain, 0)
         assert "shared" not in plain
@@ -150,9 +151,9 @@ def test_keras_file_round_trip_in_a_fresh_process(tmp_path):
         import numpy as np, keras
         import keras_transformer  # registers the classes
         model = keras.saving.load_model({str(path)!r})
-        source = np.load({str(tmp_path / 'source.npy')!r})
-        target = np.load({str(tmp_path / 'target.npy')!r})
-        np.save({str(tmp_path / 'reloaded.npy')!r}, np.asarray(model((source, target))))
+        source = np.load({str(tmp_path / "source.npy")!r})
+        target = np.load({str(tmp_path / "target.npy")!r})
+        np.save({str(tmp_path / "reloaded.npy")!r}, np.asarray(model((source, target))))
         assert model.optimizer.iterations.numpy() == 1
         """
     )
@@ -286,8 +287,14 @@ def test_losses_and_layers_import_no_pipeline_module():
 
     package = pathlib.Path(keras_transformer.__file__).parent
     # compat.py imports nothing at module level (its private-API imports are inside its functions).
-    allowed = {"functools", "math", "keras", "keras_transformer.layers", "keras_transformer.special_ids",
-               "keras_transformer.compat"}
+    allowed = {
+        "functools",
+        "math",
+        "keras",
+        "keras_transformer.layers",
+        "keras_transformer.special_ids",
+        "keras_transformer.compat",
+    }
     for path in [package / "losses.py", *sorted((package / "layers").glob("*.py"))]:
         for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are fine
             if isinstance(node, ast.Import):

@@ -43,8 +43,9 @@ def test_n_best_scores_at_beam_1_are_the_translation_scores(tiny_run_dir):
 
 def test_translate_command_writes_n_best_lines(tiny_run_dir, translator, capsys):
     capsys.readouterr()
-    assert cli.main(["translate", "--model", tiny_run_dir, "--max-extra-length", "6", "--n-best", "2",
-                     *SOURCES[:3]]) == 0
+    assert (
+        cli.main(["translate", "--model", tiny_run_dir, "--max-extra-length", "6", "--n-best", "2", *SOURCES[:3]]) == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     expected = translator.translate(SOURCES[:3], n_best=2)
     assert len(lines) == 6
@@ -54,8 +55,7 @@ def test_translate_command_writes_n_best_lines(tiny_run_dir, translator, capsys)
 
 
 def test_saved_model_n_best_signature(tiny_run_dir, translator, tmp_path):
-    path = export_saved_model(tiny_run_dir, str(tmp_path / "served"), max_extra_length=6, n_best=2,
-                              dtype="float32")
+    path = export_saved_model(tiny_run_dir, str(tmp_path / "served"), max_extra_length=6, n_best=2, dtype="float32")
     loaded = tf.saved_model.load(path)
     assert set(loaded.signatures) == {"serving_default", "translate_n_best"}
     outputs = loaded.signatures["translate_n_best"](inputs=tf.constant(SOURCES))
@@ -69,7 +69,9 @@ def test_saved_model_n_best_signature(tiny_run_dir, translator, tmp_path):
     with pytest.raises(ValueError, match="exported with"):
         served.translate(SOURCES, n_best=3)
     # Without n_best, the export has its one signature, as before.
-    plain = tf.saved_model.load(export_saved_model(tiny_run_dir, str(tmp_path / "plain"), max_extra_length=6, dtype="float32"))
+    plain = tf.saved_model.load(
+        export_saved_model(tiny_run_dir, str(tmp_path / "plain"), max_extra_length=6, dtype="float32")
+    )
     assert set(plain.signatures) == {"serving_default"}
 
 
@@ -86,10 +88,13 @@ def test_sampling_from_the_command_line(tiny_run_dir, capsys):
     assert run("--sampling-topk", "1", "--seed", "3") == run("--beam", "1")
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--sampling-temperature", "0"], "translate: temperature must be > 0 and finite, got 0.0"),
-    (["--sampling-topk", "-1"], "translate: top_k must be a non-negative integer, got -1"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--sampling-temperature", "0"], "translate: temperature must be > 0 and finite, got 0.0"),
+        (["--sampling-topk", "-1"], "translate: top_k must be a non-negative integer, got -1"),
+    ],
+)
 def test_bad_sampling_flags_are_refused(tiny_run_dir, flags, message):
     # 0 is a temperature given, not a flag left out: refused, not replaced by the default 1.
     with pytest.raises(SystemExit, match=message):

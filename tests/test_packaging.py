@@ -16,8 +16,23 @@ ROOT = Path(__file__).resolve().parent.parent
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
     build_dir_existed = (ROOT / "build").exists()
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                           "--wheel-dir", str(out), str(ROOT)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--wheel-dir",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     if not build_dir_existed:  # setuptools builds in the source tree; leave it as it was
         shutil.rmtree(ROOT / "build", ignore_errors=True)

@@ -53,8 +53,7 @@ def matches(figure, value):
     text = figure.replace(",", "")
     decimals = len(text.split(".")[1]) if "." in text else 0
     shown = float(text)
-    return any(abs(round(candidate, decimals) - shown) < 10 ** -(decimals + 3)
-               for candidate in (value, value * 100))
+    return any(abs(round(candidate, decimals) - shown) < 10 ** -(decimals + 3) for candidate in (value, value * 100))
 
 
 def test_readme_python_runs_as_written(tmp_path):
@@ -64,8 +63,9 @@ def test_readme_python_runs_as_written(tmp_path):
     script = tmp_path / "readme_example.py"
     script.write_text("\n\n".join(blocks), encoding="utf-8")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip(), "the example prints its translation and BLEU"
 
@@ -75,8 +75,9 @@ def test_saved_models_readme_python_runs_against_the_committed_model(tmp_path):
     assert blocks
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     for block in blocks:
-        proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, env=env,
-                              timeout=900)
+        proc = subprocess.run(
+            [sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, env=env, timeout=900
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert proc.stdout.strip()
 
@@ -113,7 +114,10 @@ def test_figure_matching_rounds_like_the_document():
     assert not matches("37.2", 37.06) and not matches("1,437", 1436.29)
     assert matches("95", 0.951)  # a share printed as a percentage
     assert [f for f, _ in linked_figures_from("[37.06 / 37.47](x.json) and [2,773](y.json#ours)")] == [
-        "37.06", "37.47", "2,773"]
+        "37.06",
+        "37.47",
+        "2,773",
+    ]
 
 
 def linked_figures_from(text):
@@ -123,14 +127,19 @@ def linked_figures_from(text):
 def test_saved_models_readme_gives_the_committed_model_s_sizes():
     """The sizes saved_models/README.md quotes are those of the committed files."""
     text = (ROOT / "saved_models" / "README.md").read_text(encoding="utf-8")
-    match = re.search(r"one version is ([\d.]+) MB: ([\d.]+) MB of float32 weights, ([\d.]+) MB of graph, "
-                      r"([\d.]+) MB of `spm.model`, ([\d.]+) MB of warm-up requests", text)
+    match = re.search(
+        r"one version is ([\d.]+) MB: ([\d.]+) MB of float32 weights, ([\d.]+) MB of graph, "
+        r"([\d.]+) MB of `spm.model`, ([\d.]+) MB of warm-up requests",
+        text,
+    )
     assert match, "saved_models/README.md no longer states the model's size"
     version = ROOT / "saved_models" / "multi30k_en_de" / "1"
-    sizes = [sum(f.stat().st_size for f in version.rglob("*") if f.is_file()),
-             (version / "variables" / "variables.data-00000-of-00001").stat().st_size,
-             (version / "saved_model.pb").stat().st_size,
-             (version / "assets" / "spm.model").stat().st_size,
-             (version / "assets.extra" / "tf_serving_warmup_requests").stat().st_size]
+    sizes = [
+        sum(f.stat().st_size for f in version.rglob("*") if f.is_file()),
+        (version / "variables" / "variables.data-00000-of-00001").stat().st_size,
+        (version / "saved_model.pb").stat().st_size,
+        (version / "assets" / "spm.model").stat().st_size,
+        (version / "assets.extra" / "tf_serving_warmup_requests").stat().st_size,
+    ]
     for figure, size in zip(match.groups(), sizes):
         assert matches(figure, size / 1e6), (figure, size)

@@ -14,8 +14,12 @@ from keras_transformer.inference.saved_model import export_saved_model, is_expor
 from keras_transformer.inference.translator import SavedModelTranslator
 from keras_transformer.run_dir import load_run
 
-SENTENCES = ["A man in an orange hat starring at something.", "Two dogs run on the beach.", "", "People are fixing "
-             "the roof of a house."]
+SENTENCES = [
+    "A man in an orange hat starring at something.",
+    "Two dogs run on the beach.",
+    "",
+    "People are fixing the roof of a house.",
+]
 OPTIONS = dict(beam_size=3, alpha=0.8, max_extra_length=7, early_stopping="k_finished")
 METADATA = {"test2016": {"tok_bleu": 12.5}, "command": "make demo"}
 
@@ -61,7 +65,9 @@ def test_reexport_keeps_options_metadata_and_answers(first_export, tmp_path):
     assert after["metadata"] == METADATA and after["training"] == before["training"] == TRAINING
     assert after["reexported_from"]["exported_at"] == before["exported_at"]
     assert after["n_best_signature"] == before["n_best_signature"]  # the signature is not dropped
-    translations = [SavedModelTranslator(path).translate(SENTENCES, return_scores=True) for path in (first_export, again)]
+    translations = [
+        SavedModelTranslator(path).translate(SENTENCES, return_scores=True) for path in (first_export, again)
+    ]
     assert translations[0][0] == translations[1][0]
     np.testing.assert_allclose(translations[0][1], translations[1][1], rtol=1e-5, atol=1e-5)
 
@@ -123,7 +129,9 @@ def test_cli_reexports_a_version_in_place(first_export, tmp_path):
     info = _info(os.path.join(base, "1"))
     assert {k: info["decoding"][k] for k in OPTIONS} == OPTIONS  # not the CLI's §6.1 defaults
     assert info["precision"] == "mixed_bfloat16" and info["metadata"] == METADATA
-    before, after = (SavedModelTranslator(path).translate(SENTENCES) for path in (first_export, os.path.join(base, "1")))
+    before, after = (
+        SavedModelTranslator(path).translate(SENTENCES) for path in (first_export, os.path.join(base, "1"))
+    )
     assert before == after
     with pytest.raises(SystemExit, match="checkpoint applies to a run directory"):
         cli.main(["export", os.path.join(base, "1"), "--output", base, "--checkpoint", "latest"])

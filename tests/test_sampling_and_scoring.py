@@ -83,8 +83,7 @@ def test_top_k_restricts_the_draws(model):
             prefix.append(int(token))
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=float("inf")), dict(top_k=-1),
-                                 dict(seed="x")])
+@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=float("inf")), dict(top_k=-1), dict(seed="x")])
 def test_bad_sampling_options_are_refused(model, bad):
     with pytest.raises(ValueError):
         sampling_search(model, sources(), **bad)
@@ -105,8 +104,9 @@ def test_no_temperature_brings_forbidden_tokens_back(model):
 def test_searches_of_one_output_token(model, search):
     """max_length=1 (a buffer of one position) decodes as the reference without cache."""
     ids, _ = search(model, sources(), max_length=1)
-    reference, _ = search(model, sources(), max_length=1, use_cache=False,
-                          **({"seed": 3} if search is sampling_search else {}))
+    reference, _ = search(
+        model, sources(), max_length=1, use_cache=False, **({"seed": 3} if search is sampling_search else {})
+    )
     if search is sampling_search:
         ids, _ = search(model, sources(), max_length=1, seed=3)
     assert ids.shape == (4, 1)

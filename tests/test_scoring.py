@@ -105,8 +105,11 @@ def test_targets_longer_than_learned_positions_are_a_clear_error(learned_run_dir
     src, tgt = tmp_path / "src.en", tmp_path / "tgt.de"
     src.write_text("\n".join(sources) + "\n", encoding="utf-8")
     tgt.write_text("\n".join(targets) + "\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match=rf"^score: {tgt} line 4: the target has \d+ pieces, more than the 15 "
-                                         "the model's learned positions allow.$"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"^score: {tgt} line 4: the target has \d+ pieces, more than the 15 "
+        "the model's learned positions allow.$",
+    ):
         cli.main(["score", "--model", learned_run_dir, "--src", str(src), "--tgt", str(tgt)])
 
 
@@ -116,8 +119,13 @@ def test_targets_are_normalized_as_sources_are(tiny_run_dir):
     line's (tab and BOM moved one from -1.25 to -30.6 and -62.5)."""
     translator = Translator.from_run_dir(tiny_run_dir)
     clean = "Ein Hund läuft am Strand."
-    messy = ["Ein Hund\tläuft am Strand.", "\ufeffEin Hund läuft am Strand.", "Ein  Hund läuft \t am Strand.",
-             "\u3000Ein Hund läuft am Strand.\u00a0", " Ein Hund läuft am Strand.\r"]
+    messy = [
+        "Ein Hund\tläuft am Strand.",
+        "\ufeffEin Hund läuft am Strand.",
+        "Ein  Hund läuft \t am Strand.",
+        "\u3000Ein Hund läuft am Strand.\u00a0",
+        " Ein Hund läuft am Strand.\r",
+    ]
     sources = [SOURCES[0]] * (len(messy) + 1)
     scores = score_pairs(translator, sources, [clean] + messy)
     np.testing.assert_allclose(scores[1:], [scores[0]] * len(messy), atol=1e-5)

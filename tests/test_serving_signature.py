@@ -57,8 +57,9 @@ def answers(tiny_run_dir, tmp_path_factory):
     translator = Translator.from_run_dir(tiny_run_dir, beam_size=2, max_extra_length=4, max_batch_size=8)
     path = export_saved_model(translator, str(tmp_path_factory.mktemp("strict") / "model"))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", _PROBE, path, "9"], capture_output=True, text=True, env=env,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, path, "9"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

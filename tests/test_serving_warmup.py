@@ -36,14 +36,17 @@ def test_requests_take_the_sentences_in_order_and_cycle():
     assert [len(r) for r in warmup_requests(["x"])] == list(DEFAULT_WARMUP_SIZES)
 
 
-@pytest.mark.parametrize("sentences, sizes, message", [
-    ([], (1,), "at least one sentence"),
-    (["ok", b"bytes"], (1,), "sentence 1 is a bytes"),
-    (["ok"], (0,), "positive integers, got 0"),
-    (["ok"], (True,), "positive integers, got True"),
-    (["ok"], (), "1 to 1000 sizes"),
-    (["ok"], (1,) * 1001, "refuses to load a version with more than 1000 records"),
-])
+@pytest.mark.parametrize(
+    "sentences, sizes, message",
+    [
+        ([], (1,), "at least one sentence"),
+        (["ok", b"bytes"], (1,), "sentence 1 is a bytes"),
+        (["ok"], (0,), "positive integers, got 0"),
+        (["ok"], (True,), "positive integers, got True"),
+        (["ok"], (), "1 to 1000 sizes"),
+        (["ok"], (1,) * 1001, "refuses to load a version with more than 1000 records"),
+    ],
+)
 def test_bad_requests_are_refused(sentences, sizes, message):
     with pytest.raises(ValueError, match=message):
         warmup_requests(sentences, sizes)
@@ -61,8 +64,10 @@ def test_records_are_the_prediction_logs_tf_serving_replays(tmp_path):
     assert request.model_spec.signature_name == "serving_default"
     assert request.inputs["inputs"].dtype == tf.string.as_datatype_enum
     assert [d.size for d in request.inputs["inputs"].tensor_shape.dim] == [3]
-    assert read_warmup_requests(tmp_path) == [("serving_default", sentences[:1]),
-                                              ("serving_default", sentences + sentences[:1])]
+    assert read_warmup_requests(tmp_path) == [
+        ("serving_default", sentences[:1]),
+        ("serving_default", sentences + sentences[:1]),
+    ]
     assert read_warmup_requests(tmp_path / "elsewhere") == []
 
 
@@ -70,8 +75,9 @@ def test_records_are_the_prediction_logs_tf_serving_replays(tmp_path):
 def warmed_export(tiny_run_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("warmed") / "tiny"
     sentences = read_lines("val", "en")[:5]
-    return export_saved_model(tiny_run_dir, str(base), max_extra_length=EXTRA, dtype="float32",
-                              warmup_sentences=sentences), sentences
+    return export_saved_model(
+        tiny_run_dir, str(base), max_extra_length=EXTRA, dtype="float32", warmup_sentences=sentences
+    ), sentences
 
 
 def test_export_writes_requests_its_signature_answers_as_the_translator(tiny_run_dir, warmed_export):
@@ -99,8 +105,9 @@ def test_a_failed_warmup_write_leaves_no_version(tiny_run_dir, tmp_path, monkeyp
     monkeypatch.setattr(serving_warmup, "write_warmup_requests", fail)
     base = tmp_path / "failed"
     with pytest.raises(OSError, match="disk full"):
-        export_saved_model(tiny_run_dir, str(base), max_extra_length=EXTRA, dtype="float32",
-                           warmup_sentences=["A dog."])
+        export_saved_model(
+            tiny_run_dir, str(base), max_extra_length=EXTRA, dtype="float32", warmup_sentences=["A dog."]
+        )
     assert os.listdir(base) == []  # neither the version nor its temporary directory
 
 
@@ -116,8 +123,9 @@ def test_reexport_keeps_the_requests_unless_told(warmed_export, tmp_path):
     again = export_saved_model(export_dir, str(tmp_path / "again"))
     with open(warmup_path(again), "rb") as f:
         assert f.read() == original
-    assert not os.path.exists(warmup_path(export_saved_model(export_dir, str(tmp_path / "none"),
-                                                             warmup_sentences=None)))
+    assert not os.path.exists(
+        warmup_path(export_saved_model(export_dir, str(tmp_path / "none"), warmup_sentences=None))
+    )
     other = export_saved_model(export_dir, str(tmp_path / "other"), warmup_sentences=["Two men."])
     assert read_warmup_requests(other)[0] == ("serving_default", ["Two men."])
     # In place, over the version it reads from.
@@ -133,7 +141,7 @@ def test_auto_takes_the_run_s_validation_sentences(tiny_run_dir, tmp_path):
     (run / "config.json").write_text(json.dumps({**config, "data": {"spec": "multi30k", "src": "en", "tgt": "de"}}))
     path = export_saved_model(str(run), str(tmp_path / "auto"), max_extra_length=EXTRA, dtype="float32")
     validation = read_lines("val", "en")
-    assert [r for _, r in read_warmup_requests(path)] == warmup_requests(validation[:max(DEFAULT_WARMUP_SIZES)])
+    assert [r for _, r in read_warmup_requests(path)] == warmup_requests(validation[: max(DEFAULT_WARMUP_SIZES)])
 
 
 def test_auto_without_validation_data_writes_none_and_says_why(tiny_run_dir, tmp_path, caplog):
@@ -155,8 +163,10 @@ def test_auto_without_validation_data_writes_none_and_says_why(tiny_run_dir, tmp
     (tmp_path / "val.fr").write_text("un\n")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=logger):
-        assert serving_warmup.warmup_for_export("auto", _config(tmp_path, {"spec": files, "src": "en", "tgt": "fr"})) \
+        assert (
+            serving_warmup.warmup_for_export("auto", _config(tmp_path, {"spec": files, "src": "en", "tgt": "fr"}))
             is None
+        )
     assert "could not be read" in caplog.text
 
 
@@ -168,13 +178,21 @@ def _config(tmp_path, data, training=None):
 
 
 def test_validation_sources_of_the_run_s_data(tmp_path):
-    assert run_validation_sources(_config(tmp_path, {"spec": "multi30k", "src": "en", "tgt": "de"})) == \
-        read_lines("val", "en")[:max(DEFAULT_WARMUP_SIZES)]
-    assert run_validation_sources(_config(tmp_path, {"spec": "multi30k", "src": "de", "tgt": "en"}), limit=2) == \
-        read_lines("val", "de")[:2]
+    assert (
+        run_validation_sources(_config(tmp_path, {"spec": "multi30k", "src": "en", "tgt": "de"}))
+        == read_lines("val", "en")[: max(DEFAULT_WARMUP_SIZES)]
+    )
+    assert (
+        run_validation_sources(_config(tmp_path, {"spec": "multi30k", "src": "de", "tgt": "en"}), limit=2)
+        == read_lines("val", "de")[:2]
+    )
     # The run's own validation split.
-    assert run_validation_sources(_config(tmp_path, {"spec": "multi30k", "src": "en", "tgt": "de"},
-                                          {"validation_split": "test2016"}), limit=3) == read_lines("test2016", "en")[:3]
+    assert (
+        run_validation_sources(
+            _config(tmp_path, {"spec": "multi30k", "src": "en", "tgt": "de"}, {"validation_split": "test2016"}), limit=3
+        )
+        == read_lines("test2016", "en")[:3]
+    )
     files = f"files:{tmp_path}/{{split}}.{{src}},{tmp_path}/{{split}}.{{tgt}}"
     assert run_validation_sources(_config(tmp_path, {"spec": files, "src": "en", "tgt": "fr"})) is None  # no files
     (tmp_path / "val.en").write_text("one\ntwo\n")
@@ -183,8 +201,12 @@ def test_validation_sources_of_the_run_s_data(tmp_path):
     # TensorFlow Datasets could download: not read. A run without data, or no run: None.
     assert run_validation_sources(_config(tmp_path, {"spec": "tfds:wmt14_translate/de-en"})) is None
     assert run_validation_sources(_config(tmp_path, {})) is None
-    assert run_validation_sources(_config(tmp_path, {"spec": "multi30k", "src": "en", "tgt": "de"},
-                                          {"validation_split": None})) is None  # trained without validation
+    assert (
+        run_validation_sources(
+            _config(tmp_path, {"spec": "multi30k", "src": "en", "tgt": "de"}, {"validation_split": None})
+        )
+        is None
+    )  # trained without validation
     with pytest.raises(FileNotFoundError, match="no config.json"):
         run_validation_sources(tmp_path / "missing")
 

@@ -160,8 +160,9 @@ def test_get_or_train_tokenizer_caches(tmp_path):
 
 def test_rejects_model_with_other_special_ids(tmp_path):
     prefix = str(tmp_path / "default_ids")
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(_train_texts()[:500]), model_prefix=prefix,
-                                   vocab_size=200, minloglevel=2)  # unk=0, bos=1, eos=2, no pad
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_train_texts()[:500]), model_prefix=prefix, vocab_size=200, minloglevel=2
+    )  # unk=0, bos=1, eos=2, no pad
     with pytest.raises(ValueError, match="special ids"):
         Tokenizer(prefix + ".model")
 
@@ -201,8 +202,9 @@ def test_a_sampling_tokenizer_still_saves_as_before(tokenizer, tmp_path):
     tokenizer.tokenize(["A dog."], sampling_alpha=0.3)  # creates a sampler
     module = tf.Module()
     module.tokenizer = tokenizer
-    module.encode = tf.function(lambda s: tokenizer.tokenize(s).to_tensor(),
-                                input_signature=[tf.TensorSpec([None], tf.string)])
+    module.encode = tf.function(
+        lambda s: tokenizer.tokenize(s).to_tensor(), input_signature=[tf.TensorSpec([None], tf.string)]
+    )
     tf.saved_model.save(module, str(tmp_path / "saved"))
     loaded = tf.saved_model.load(str(tmp_path / "saved"))
     expected = tokenizer.tokenize(["A dog runs."]).to_tensor().numpy()
@@ -210,8 +212,11 @@ def test_a_sampling_tokenizer_still_saves_as_before(tokenizer, tmp_path):
 
 
 def test_sampling_alpha_works_in_tf_data_and_rejects_bad_values(tokenizer, val_sentences):
-    dataset = tf.data.Dataset.from_tensor_slices(val_sentences[:64]).batch(32).map(
-        lambda s: tokenizer.tokenize(s, sampling_alpha=0.2).to_tensor())
+    dataset = (
+        tf.data.Dataset.from_tensor_slices(val_sentences[:64])
+        .batch(32)
+        .map(lambda s: tokenizer.tokenize(s, sampling_alpha=0.2).to_tensor())
+    )
     rows = [tuple(r[r > 0]) for batch in dataset for r in batch.numpy()]
     again = [tuple(r[r > 0]) for batch in dataset for r in batch.numpy()]
     assert rows != again  # every pass samples anew
@@ -246,15 +251,19 @@ def test_trainer_flags_replace_the_defaults_but_not_the_special_ids(tmp_path):
     from sentencepiece import sentencepiece_model_pb2
 
     texts = _train_texts()[:600]
-    sampled = train_tokenizer(texts, tmp_path / "sampled", vocab_size=400, input_sentence_size=300,
-                              shuffle_input_sentence=True, minloglevel=2)
+    sampled = train_tokenizer(
+        texts, tmp_path / "sampled", vocab_size=400, input_sentence_size=300, shuffle_input_sentence=True, minloglevel=2
+    )
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(sampled.model_proto)
     assert proto.trainer_spec.input_sentence_size == 300 and proto.trainer_spec.shuffle_input_sentence
     for flags in ({"pad_id": 5}, {"eos_piece": "<end>"}, {"bos_id": -1, "unk_piece": "?"}):
         names = ", ".join(sorted(flags))
-        with pytest.raises(ValueError, match=rf"^train_tokenizer \(tokenizer .*special\): {names} cannot be set: "
-                                             r"keras_transformer.special_ids fixes the special tokens"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^train_tokenizer \(tokenizer .*special\): {names} cannot be set: "
+            r"keras_transformer.special_ids fixes the special tokens",
+        ):
             train_tokenizer(texts, tmp_path / "special", vocab_size=400, **flags)
     with pytest.raises(ValueError, match=r"input cannot be set: the sentences are `texts`"):
         train_tokenizer(texts, tmp_path / "special", vocab_size=400, input="corpus.txt")

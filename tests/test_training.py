@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import new_run_dir, read_csv
 
 from keras_transformer import run_dir as run_layout
 from keras_transformer import training
@@ -28,8 +29,6 @@ from keras_transformer.inference.evaluation import corpus_scores, format_scores
 from keras_transformer.training import loop
 from keras_transformer.training import strategy as training_strategy
 from keras_transformer.training import stream as training_stream
-
-from conftest import new_run_dir, read_csv
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
@@ -49,10 +48,30 @@ def cli_command():
 def killed_and_resumed(tmp_path_factory, spm500):
     run_dir = new_run_dir(tmp_path_factory.mktemp("runs") / "multi30k_tiny", spm500)
     train_argv = [
-        "--preset", "tiny", "--vocab-size", "500", "--max-steps", "30", "--checkpoint-every", "5",
-        "--average-last", "3", "--average-fraction", "0.25", "--warmup-steps", "10", "--log-every", "5",
-        "--max-length", "64",
-        "--batch-tokens", "2048", "--verbose", "2", "--output", str(run_dir),
+        "--preset",
+        "tiny",
+        "--vocab-size",
+        "500",
+        "--max-steps",
+        "30",
+        "--checkpoint-every",
+        "5",
+        "--average-last",
+        "3",
+        "--average-fraction",
+        "0.25",
+        "--warmup-steps",
+        "10",
+        "--log-every",
+        "5",
+        "--max-length",
+        "64",
+        "--batch-tokens",
+        "2048",
+        "--verbose",
+        "2",
+        "--output",
+        str(run_dir),
     ]
     command = cli_command() + ["train"] + train_argv
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -71,8 +90,13 @@ def killed_and_resumed(tmp_path_factory, spm500):
     killed_checkpoints = sorted(os.listdir(run_dir / "checkpoints"))
     second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
-    return dict(run_dir=run_dir, first_output=first_output, killed_checkpoints=killed_checkpoints,
-                output=second.stdout, train_argv=train_argv)
+    return dict(
+        run_dir=run_dir,
+        first_output=first_output,
+        killed_checkpoints=killed_checkpoints,
+        output=second.stdout,
+        train_argv=train_argv,
+    )
 
 
 def test_sigkilled_run_resumes_from_its_last_checkpoint(killed_and_resumed):
@@ -173,8 +197,11 @@ def test_checkpoints_to_average_within_the_runs_final_fraction():
 @pytest.mark.parametrize("average_last", [0, 1])
 def test_average_fraction_without_an_average_is_refused(average_last):
     """It chooses among the checkpoints --average-last averages: without them it would do nothing."""
-    with pytest.raises(ValueError, match=r"average_fraction \(0.2\) chooses among .* average_last is "
-                                         f"{average_last}.*--average-fraction none"):
+    with pytest.raises(
+        ValueError,
+        match=r"average_fraction \(0.2\) chooses among .* average_last is "
+        f"{average_last}.*--average-fraction none",
+    ):
         training.TrainingArgs(average_fraction=0.2, average_last=average_last)
     assert training.TrainingArgs(average_fraction=0.2, average_last=2).average_fraction == 0.2
 
@@ -210,8 +237,19 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, spm500):
     """
     import keras
 
-    options = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
-                   warmup_steps=4, checkpoint_every=3, log_every=3, verbose=0, overrides=TINY_NET, max_steps=8)
+    options = dict(
+        preset="tiny",
+        vocab_size=500,
+        batch_tokens=1024,
+        max_length=32,
+        validation_split=None,
+        warmup_steps=4,
+        checkpoint_every=3,
+        log_every=3,
+        verbose=0,
+        overrides=TINY_NET,
+        max_steps=8,
+    )
     whole_dir = new_run_dir(tmp_path / "whole", spm500)
     copy_dir = tmp_path / "copy"
 
@@ -247,9 +285,21 @@ def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm
         def on_train_batch_begin(self, batch, logs=None):
             clock["now"] += pace
 
-    options = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
-                   warmup_steps=4, checkpoint_every=1000, log_every=1000, verbose=0, overrides=TINY_NET,
-                   max_steps=100_000, time_budget=budget_seconds / 60, average_last=2)
+    options = dict(
+        preset="tiny",
+        vocab_size=500,
+        batch_tokens=1024,
+        max_length=32,
+        validation_split=None,
+        warmup_steps=4,
+        checkpoint_every=1000,
+        log_every=1000,
+        verbose=0,
+        overrides=TINY_NET,
+        max_steps=100_000,
+        time_budget=budget_seconds / 60,
+        average_last=2,
+    )
     run_dir = new_run_dir(tmp_path / "run", spm500)
 
     first = training.train(training.TrainingArgs(output=str(run_dir), **options), callbacks=[Paced()])
@@ -267,8 +317,10 @@ def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm
     assert "already used its time budget" in capsys.readouterr().out
 
     # A larger budget continues the run from there, with the time already spent counted.
-    more = training.train(training.TrainingArgs(output=str(run_dir), **dict(options, time_budget=2 * budget_seconds / 60)),
-                          callbacks=[Paced()])
+    more = training.train(
+        training.TrainingArgs(output=str(run_dir), **dict(options, time_budget=2 * budget_seconds / 60)),
+        callbacks=[Paced()],
+    )
     assert (more.resumed_from, more.step) == (10, 20)
     state = json.loads((run_dir / "backup" / "state.json").read_text())
     assert state["training_seconds"] == pytest.approx(20.0)
@@ -288,8 +340,11 @@ def test_a_batch_multiple_the_replicas_cannot_share_is_refused_before_training(t
     """Batches of a multiple of 3 would split unevenly over 2 replicas."""
     import types
 
-    with pytest.raises(ValueError, match=r"^--batch-multiple 3 is not a multiple of the 2 replicas: .* Pass a "
-                                         r"multiple of 2 \(e\.g\. 4\) or leave --batch-multiple out"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--batch-multiple 3 is not a multiple of the 2 replicas: .* Pass a "
+        r"multiple of 2 \(e\.g\. 4\) or leave --batch-multiple out",
+    ):
         training_strategy.check_batch_multiple(3, 2)
     for batch_multiple, replicas in ((None, 2), (4, 2), (2, 1), (8, 8)):
         training_strategy.check_batch_multiple(batch_multiple, replicas)
@@ -325,8 +380,9 @@ def test_time_budget_is_refused_with_multi_worker_strategy():
     """Multi-worker runs must stop at the same step on every worker: no clocks."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     env.pop("TF_CONFIG", None)
-    done = subprocess.run([sys.executable, "-c", MULTI_WORKER_TIME_BUDGET], capture_output=True, text=True,
-                          env=env, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", MULTI_WORKER_TIME_BUDGET], capture_output=True, text=True, env=env, timeout=240
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["is_multi_worker"] and result["without_budget"] == "accepted"
@@ -354,8 +410,10 @@ def test_auto_precision_follows_the_cpus_bfloat16_support(tmp_path, flags, expec
 
 def test_cpu_identity_tells_cpu_generations_apart_by_family_and_model(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
-                       "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 26\n")
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+        "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 26\n"
+    )
     assert training_strategy.cpu_identity(cpuinfo) == {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2}
     assert training_strategy.cpuinfo_value("vendor_id", cpuinfo) == "AuthenticAMD"
     assert training_strategy.cpuinfo_value("model", cpuinfo) == "2"  # not "model name"'s value
@@ -389,7 +447,8 @@ def test_auto_precision_respects_a_onednn_instruction_set_cap(tmp_path, environ,
     decoding, _ = auto_decoding_precision(str(cpuinfo), gpu_capabilities=(), environ=environ)
     assert decoding == {"float32": "float32", "mixed_bfloat16": "bfloat16"}[expected]
     if expected == "float32":
-        assert reason == f"ONEDNN_MAX_CPU_ISA={list(environ.values())[0].upper()} keeps oneDNN from the CPU's amx_bf16, avx512_bf16"
+        isa = list(environ.values())[0].upper()
+        assert reason == f"ONEDNN_MAX_CPU_ISA={isa} keeps oneDNN from the CPU's amx_bf16, avx512_bf16"
 
 
 @pytest.mark.parametrize(
@@ -437,9 +496,20 @@ def test_auto_precision_run_records_what_it_chose(tmp_path, spm500, capsys, monk
 
     monkeypatch.setattr(training_strategy, "auto_precision", fake_auto_precision)
     run_dir = new_run_dir(tmp_path / "run", spm500)
-    result = training.train(training.TrainingArgs(
-        output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32,
-        validation_split=None, max_steps=1, verbose=0, overrides=TINY_NET, precision="auto"))
+    result = training.train(
+        training.TrainingArgs(
+            output=str(run_dir),
+            preset="tiny",
+            vocab_size=500,
+            batch_tokens=1024,
+            max_length=32,
+            validation_split=None,
+            max_steps=1,
+            verbose=0,
+            overrides=TINY_NET,
+            precision="auto",
+        )
+    )
     assert len(calls) == 1 and result.step == 1
     config = json.loads((run_dir / "config.json").read_text())
     assert config["training"]["precision"] == "auto" and config["precision"] == "mixed_bfloat16"
@@ -449,28 +519,34 @@ def test_auto_precision_run_records_what_it_chose(tmp_path, spm500, capsys, monk
 def test_resuming_with_another_model_is_refused(tmp_path, spm500):
     run_dir = new_run_dir(tmp_path / "run", spm500)
     args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
-    (run_dir / "config.json").write_text(json.dumps({
-        "model": args.model_config().to_dict(), "training": args.to_dict(), "data": {}}))
-    other = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=999,
-                                  overrides={"num_layers": 3})
+    (run_dir / "config.json").write_text(
+        json.dumps({"model": args.model_config().to_dict(), "training": args.to_dict(), "data": {}})
+    )
+    other = training.TrainingArgs(
+        output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=999, overrides={"num_layers": 3}
+    )
     with pytest.raises(ValueError, match=r"model num_layers \(2 -> 3\); --batch-tokens \(4096 -> 999\)"):
         loop._check_resume_config(str(run_dir), other, other.model_config())
     assert loop._check_resume_config(str(run_dir), args, args.model_config()) is not None
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"warmup_steps": 100}, r"--warmup-steps \(4000 -> 100\)"),
-    ({"lr_scale": 2.0}, r"--lr-scale \(1.0 -> 2.0\)"),
-    ({"precision": "mixed_bfloat16"}, r"--precision \('float32' -> 'mixed_bfloat16'\)"),
-    ({"pad_to_multiple_of": 1}, r"--pad-to-multiple-of \(8 -> 1\)"),
-    ({"ema": 0.999}, r"--ema \(None -> 0.999\)"),  # another optimizer: Keras would skip loading its state
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"warmup_steps": 100}, r"--warmup-steps \(4000 -> 100\)"),
+        ({"lr_scale": 2.0}, r"--lr-scale \(1.0 -> 2.0\)"),
+        ({"precision": "mixed_bfloat16"}, r"--precision \('float32' -> 'mixed_bfloat16'\)"),
+        ({"pad_to_multiple_of": 1}, r"--pad-to-multiple-of \(8 -> 1\)"),
+        ({"ema": 0.999}, r"--ema \(None -> 0.999\)"),  # another optimizer: Keras would skip loading its state
+    ],
+)
 def test_resuming_with_another_schedule_precision_or_batching_is_refused(tmp_path, spm500, change, message):
     """A resume that would change the learning rate, the precision or the batches is another experiment."""
     run_dir = new_run_dir(tmp_path / "run", spm500)
     args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
-    (run_dir / "config.json").write_text(json.dumps({
-        "model": args.model_config().to_dict(), "training": args.to_dict(), "data": {}}))
+    (run_dir / "config.json").write_text(
+        json.dumps({"model": args.model_config().to_dict(), "training": args.to_dict(), "data": {}})
+    )
     other = training.TrainingArgs(**{**args.to_dict(), **change})
     with pytest.raises(ValueError, match=message):
         loop._check_resume_config(str(run_dir), other, other.model_config())
@@ -481,8 +557,9 @@ def test_a_run_recorded_before_pad_to_multiple_of_resumes_only_with_its_buckets(
     run_dir = new_run_dir(tmp_path / "run", spm500)
     args = training.TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
     recorded = {k: v for k, v in args.to_dict().items() if k != "pad_to_multiple_of"}
-    (run_dir / "config.json").write_text(json.dumps({
-        "model": args.model_config().to_dict(), "training": recorded, "data": {}}))
+    (run_dir / "config.json").write_text(
+        json.dumps({"model": args.model_config().to_dict(), "training": recorded, "data": {}})
+    )
     assert loop._check_resume_config(str(run_dir), args, args.model_config()) is not None
     other = training.TrainingArgs(**{**args.to_dict(), "pad_to_multiple_of": 1})
     with pytest.raises(ValueError, match=r"--pad-to-multiple-of \(8 -> 1\)"):
@@ -508,10 +585,11 @@ def test_training_batches_are_padded_to_the_buckets_of_pad_to_multiple_of(spm500
     if multiple == 1:
         assert lengths - set(data.default_bucket_boundaries(48, multiple=8))  # lengths only fine buckets have
     validation = list(stream.validation(data.load_dataset("multi30k", "val")))
-    for (source, target_in), target_out in batches + validation:
+    for (source, _target_in), target_out in batches + validation:
         # Each batch is padded to the smallest boundary that holds its longest pair.
-        longest = max(int(np.max(np.sum(source.numpy() != 0, axis=1))),
-                      int(np.max(np.sum(target_out.numpy() != 0, axis=1))))
+        longest = max(
+            int(np.max(np.sum(source.numpy() != 0, axis=1))), int(np.max(np.sum(target_out.numpy() != 0, axis=1)))
+        )
         assert int(target_out.shape[1]) == min(b for b in boundaries if b >= longest)
 
 
@@ -544,8 +622,9 @@ def test_subword_sampling_segments_training_pairs_anew_but_not_validation(spm500
 
     def first_epoch(subword_sampling, seed=0):
         # max_length 96: no pair is too long, even segmented finer.
-        args = training.TrainingArgs(output="unused", batch_tokens=1536, max_length=96, seed=seed,
-                                     subword_sampling=subword_sampling)
+        args = training.TrainingArgs(
+            output="unused", batch_tokens=1536, max_length=96, seed=seed, subword_sampling=subword_sampling
+        )
         stream = training_stream.TrainingData(args, Tokenizer(spm500), text, 1, 96)
         targets = [row[row > 0].tolist() for b in stream._epoch_batches(0) for row in b[1].numpy()]
         validation = [b[1].numpy().tolist() for b in stream.validation(text.take(64))]
@@ -586,17 +665,53 @@ def test_command_line_options_map_to_training_args():
     import argparse
 
     parser = train_cli.add_training_arguments(argparse.ArgumentParser())
-    namespace = parser.parse_args([
-        "--preset", "base", "--num-layers", "4", "--dropout", "0.3", "--norm-first", "--set", "use_bias=true",
-        "--set", "layer_norm_epsilon=1e-5", "--precision", "mixed_bfloat16", "--xla", "--max-steps", "100",
-        "--warmup-steps", "50", "--lr-scale", "2", "--average-last", "5", "--validation-split", "none",
-        "--data", "files:a.{src},b.{tgt}", "--time-budget", "12.5",
-    ])
+    namespace = parser.parse_args(
+        [
+            "--preset",
+            "base",
+            "--num-layers",
+            "4",
+            "--dropout",
+            "0.3",
+            "--norm-first",
+            "--set",
+            "use_bias=true",
+            "--set",
+            "layer_norm_epsilon=1e-5",
+            "--precision",
+            "mixed_bfloat16",
+            "--xla",
+            "--max-steps",
+            "100",
+            "--warmup-steps",
+            "50",
+            "--lr-scale",
+            "2",
+            "--average-last",
+            "5",
+            "--validation-split",
+            "none",
+            "--data",
+            "files:a.{src},b.{tgt}",
+            "--time-budget",
+            "12.5",
+        ]
+    )
     args = train_cli.args_from_namespace(namespace)
-    assert args.overrides == {"num_layers": 4, "dropout": 0.3, "norm_first": True, "use_bias": True,
-                              "layer_norm_epsilon": 1e-5}
+    assert args.overrides == {
+        "num_layers": 4,
+        "dropout": 0.3,
+        "norm_first": True,
+        "use_bias": True,
+        "layer_norm_epsilon": 1e-5,
+    }
     assert (args.precision, args.xla, args.max_steps, args.warmup_steps, args.lr_scale) == (
-        "mixed_bfloat16", True, 100, 50, 2.0)
+        "mixed_bfloat16",
+        True,
+        100,
+        50,
+        2.0,
+    )
     assert args.validation_split is None and args.average_last == 5 and args.data == "files:a.{src},b.{tgt}"
     assert args.time_budget == 12.5
     assert train_cli.args_from_namespace(parser.parse_args(["--precision", "auto"])).precision == "auto"
@@ -616,14 +731,13 @@ def test_streamed_corpora_batches(spm500):
     from keras_transformer import data
     from keras_transformer.data.tokenizer import Tokenizer
 
-    args = training.TrainingArgs(output="unused", data="tfds:fake", batch_tokens=512, max_length=24,
-                                 steps_per_epoch=7)
+    args = training.TrainingArgs(output="unused", data="tfds:fake", batch_tokens=512, max_length=24, steps_per_epoch=7)
     stream = training_stream.TrainingData(args, Tokenizer(spm500), data.load_dataset("multi30k", "val"), 1, 24)
     assert stream.streamed and stream.batches_per_epoch() == 7
 
     def rows(start_step, batches):
         seen = []
-        for (source, target_in), target_out in stream.stream(start_step, 7).take(batches):
+        for (source, _target_in), target_out in stream.stream(start_step, 7).take(batches):
             assert source.shape[0] == target_out.shape[0] > 0 and source.shape[0] * source.shape[1] <= 512
             seen.extend(tuple(row[row != 0]) for row in source.numpy())
         return seen
@@ -638,7 +752,7 @@ def test_streamed_corpora_batches(spm500):
     in_order = [tuple(Tokenizer(spm500).encode(s)) + (3,) for s in read_lines("val", "en")[:20]]
     assert first[:20] != in_order
     resumed = rows(5, 10)
-    assert resumed != first[:len(resumed)]
+    assert resumed != first[: len(resumed)]
 
 
 def test_a_streamed_corpus_goes_on_from_one_fit_call_to_the_next(monkeypatch):
@@ -680,13 +794,18 @@ def test_files_without_split_are_not_validated_on_as_val(tmp_path, spm500):
     --validation-split val would validate (and keep the best, stop early) on the training data."""
     plain = f"files:{tmp_path}/a.en,{tmp_path}/a.de"
     output = new_run_dir(tmp_path / "run", spm500)
-    with pytest.raises(ValueError, match=r"validation split 'val' would be the training files .* "
-                                         r"no \{split\}.*--validation-split none"):
+    with pytest.raises(
+        ValueError,
+        match=r"validation split 'val' would be the training files .* "
+        r"no \{split\}.*--validation-split none",
+    ):
         training.train(training.TrainingArgs(output=str(output), data=plain, preset="tiny", vocab_size=500))
     from keras_transformer.data import DataSpec
 
-    for data, split in ((plain, "train"),  # asked for by name
-                        (f"files:{tmp_path}/{{split}}.en,{tmp_path}/{{split}}.de", "val")):
+    for data, split in (
+        (plain, "train"),  # asked for by name
+        (f"files:{tmp_path}/{{split}}.en,{tmp_path}/{{split}}.de", "val"),
+    ):
         loop._check_validation_files(DataSpec.parse(data), training.TrainingArgs(data=data, validation_split=split))
 
 
@@ -722,12 +841,38 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     run_dir = new_run_dir(tmp_path / "run", spm500)
-    report = example.main([
-        "--preset", "tiny", "--vocab-size", "500", "--max-steps", "6", "--checkpoint-every", "3",
-        "--average-last", "2", "--average-fraction", "0.5",  # steps 3 and 6 (the demo's 0.2: step 6 alone)
-        "--warmup-steps", "3", "--max-length", "48", "--batch-tokens", "2048", "--eval-limit", "4", "--samples", "2", "--verbose", "0", "--output", str(run_dir),
-        "--export-dir", str(tmp_path / "saved_models"),
-    ])
+    report = example.main(
+        [
+            "--preset",
+            "tiny",
+            "--vocab-size",
+            "500",
+            "--max-steps",
+            "6",
+            "--checkpoint-every",
+            "3",
+            "--average-last",
+            "2",
+            "--average-fraction",
+            "0.5",  # steps 3 and 6 (the demo's 0.2: step 6 alone)
+            "--warmup-steps",
+            "3",
+            "--max-length",
+            "48",
+            "--batch-tokens",
+            "2048",
+            "--eval-limit",
+            "4",
+            "--samples",
+            "2",
+            "--verbose",
+            "0",
+            "--output",
+            str(run_dir),
+            "--export-dir",
+            str(tmp_path / "saved_models"),
+        ]
+    )
     out = capsys.readouterr().out
     assert re.search(r"^BLEU \(sacreBLEU, cased, detokenized\) = \d+\.\d\d ", out, re.MULTILINE), out
     assert re.search(r"^BLEU \(lower-cased, Moses-tokenized\) = \d+\.\d\d ", out, re.MULTILINE), out
@@ -740,7 +885,9 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     from keras_transformer.data.corpora import read_lines
 
     expected = corpus_scores(hypotheses, read_lines("test2016", "de")[:4], lang="de")
-    assert report["bleu"] == pytest.approx(expected["bleu"]) and report["tok_bleu"] == pytest.approx(expected["tok_bleu"])
+    assert report["bleu"] == pytest.approx(expected["bleu"]) and report["tok_bleu"] == pytest.approx(
+        expected["tok_bleu"]
+    )
     assert json.loads((run_dir / "test2016_scores.json").read_text())["tok_bleu"] == report["tok_bleu"]
     assert report["export_path"] and os.path.isfile(os.path.join(report["export_path"], "saved_model.pb"))
     # The report says how, where and how long: a figure quoted from it names its machine and command.
@@ -824,13 +971,23 @@ def test_wmt14_example_has_the_papers_recipes(capsys):
     spec.loader.exec_module(example)
     base = example.main(["--dry-run"])
     assert (base.preset, base.max_steps, base.warmup_steps, base.batch_tokens, base.average_last) == (
-        "base", 100_000, 4000, 25000, 5)
+        "base",
+        100_000,
+        4000,
+        25000,
+        5,
+    )
     assert base.data == "tfds:wmt14_translate/de-en" and base.vocab_size == 37000
     big = example.main(["--recipe", "big", "--dry-run", "--precision", "mixed_float16"])
     assert (big.max_steps, big.average_last, big.precision) == (300_000, 20, "mixed_float16")
     config = big.model_config()
     assert (config.num_layers, config.d_model, config.num_heads, config.d_ff, config.dropout) == (
-        6, 1024, 16, 4096, 0.3)
+        6,
+        1024,
+        16,
+        4096,
+        0.3,
+    )
     assert '"recipe": "big"' in capsys.readouterr().out
 
 
@@ -841,12 +998,15 @@ def test_example_flags_that_take_none_and_options_checked_before_training(tmp_pa
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     parser = example.build_parser()
-    args = train_cli.args_from_namespace(parser.parse_args(
-        ["--time-budget", "none", "--validate-bleu-every", "none", "--validation-split", "none"]))
+    args = train_cli.args_from_namespace(
+        parser.parse_args(["--time-budget", "none", "--validate-bleu-every", "none", "--validation-split", "none"])
+    )
     assert (args.time_budget, args.validate_bleu_every, args.validation_split) == (None, None, None)
-    for argv, said in ((["--eval-split", "test2017"], "invalid choice"),
-                       (["--data", "files:{split}.fr,{split}.de", "--src", "fr"], "--src fr: the demo scores Multi30k"),
-                       (["--eval-batch-size", "2000"], "--eval-batch-size must be between 1 and 1024")):
+    for argv, said in (
+        (["--eval-split", "test2017"], "invalid choice"),
+        (["--data", "files:{split}.fr,{split}.de", "--src", "fr"], "--src fr: the demo scores Multi30k"),
+        (["--eval-batch-size", "2000"], "--eval-batch-size must be between 1 and 1024"),
+    ):
         with pytest.raises(SystemExit):
             example.main(argv + ["--output", str(tmp_path / "never")])
         assert said in capsys.readouterr().err
@@ -866,8 +1026,10 @@ def test_pairs_longer_than_max_length_are_counted_in_a_warning(spm500, caplog):
 
     tokenizer = Tokenizer(spm500)
     pairs = training_stream.materialize(data.load_dataset("multi30k", "val"))
-    lengths = [max(len(tokenizer.encode(s.decode())), len(tokenizer.encode(t.decode()))) + 1
-               for s, t in zip(pairs[0].numpy(), pairs[1].numpy())]
+    lengths = [
+        max(len(tokenizer.encode(s.decode())), len(tokenizer.encode(t.decode()))) + 1
+        for s, t in zip(pairs[0].numpy(), pairs[1].numpy())
+    ]
     too_long = sum(length > 16 for length in lengths)
     assert 0 < too_long < len(lengths)
     with caplog.at_level("WARNING", logger="keras_transformer.training.stream"):

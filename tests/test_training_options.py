@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import new_run_dir, read_csv
 
 from keras_transformer import run_dir as run_layout
 from keras_transformer import training
@@ -26,13 +27,22 @@ from keras_transformer.data.tokenizer import Tokenizer
 from keras_transformer.training import callbacks as run_callbacks
 from keras_transformer.training.stream import TrainingData
 
-from conftest import new_run_dir, read_csv
-
 TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 WARMUP = 4
 # Steps 1-3 are all in the warmup: the rate grows linearly (equation 3).
-BASE = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, validation_split=None,
-            warmup_steps=WARMUP, checkpoint_every=1000, log_every=1, verbose=0, overrides=TINY_NET, max_steps=3)
+BASE = dict(
+    preset="tiny",
+    vocab_size=500,
+    batch_tokens=1024,
+    max_length=32,
+    validation_split=None,
+    warmup_steps=WARMUP,
+    checkpoint_every=1000,
+    log_every=1,
+    verbose=0,
+    overrides=TINY_NET,
+    max_steps=3,
+)
 
 
 def equation_3(step, scale=1.0, d_model=TINY_NET["d_model"], warmup=WARMUP):
@@ -55,17 +65,21 @@ class Inspect(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if "optimizer" in self.seen:  # a later `fit` call of the same run
             return
-        self.seen.update(optimizer=self.model.optimizer, jit_compile=self.model.jit_compile,
-                         policy=self.model.dtype_policy.name,
-                         before=[v.numpy().copy() for v in self.model.trainable_variables])
+        self.seen.update(
+            optimizer=self.model.optimizer,
+            jit_compile=self.model.jit_compile,
+            policy=self.model.dtype_policy.name,
+            before=[v.numpy().copy() for v in self.model.trainable_variables],
+        )
 
     def on_train_batch_end(self, batch, logs=None):
         self.seen.setdefault("after_first_call", [v.numpy().copy() for v in self.model.trainable_variables])
 
     def on_train_end(self, logs=None):
         optimizer = self.model.optimizer
-        self.seen.update(iterations=int(optimizer.iterations.numpy()),
-                         learning_rate=float(np.asarray(optimizer.learning_rate)))
+        self.seen.update(
+            iterations=int(optimizer.iterations.numpy()), learning_rate=float(np.asarray(optimizer.learning_rate))
+        )
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +97,7 @@ def tiny_runs(tmp_path_factory, spm500):
                 args.output = str(run_dir)
             inspect = Inspect()
             result = training.train(args, callbacks=[inspect])
-            done[name] = dict(result=result, seen=inspect.seen, run_dir=run_dir,
-                              steps=read_csv(run_dir / "steps.csv"))
+            done[name] = dict(result=result, seen=inspect.seen, run_dir=run_dir, steps=read_csv(run_dir / "steps.csv"))
         return done[name]
 
     return get
@@ -102,12 +115,42 @@ def step_losses(run):
 def lr_scale_args(scale):
     """The run's options through the command line (`--lr-scale`)."""
     parser = train_cli.add_training_arguments(argparse.ArgumentParser())
-    args = train_cli.args_from_namespace(parser.parse_args([
-        "--preset", "tiny", "--vocab-size", "500", "--batch-tokens", "1024", "--max-length", "32",
-        "--validation-split", "none", "--warmup-steps", str(WARMUP), "--checkpoint-every", "1000",
-        "--log-every", "1", "--verbose", "0", "--max-steps", "3", "--num-layers", "1", "--d-model", "32",
-        "--d-ff", "64", "--dropout", "0", "--lr-scale", str(scale),
-    ]))
+    args = train_cli.args_from_namespace(
+        parser.parse_args(
+            [
+                "--preset",
+                "tiny",
+                "--vocab-size",
+                "500",
+                "--batch-tokens",
+                "1024",
+                "--max-length",
+                "32",
+                "--validation-split",
+                "none",
+                "--warmup-steps",
+                str(WARMUP),
+                "--checkpoint-every",
+                "1000",
+                "--log-every",
+                "1",
+                "--verbose",
+                "0",
+                "--max-steps",
+                "3",
+                "--num-layers",
+                "1",
+                "--d-model",
+                "32",
+                "--d-ff",
+                "64",
+                "--dropout",
+                "0",
+                "--lr-scale",
+                str(scale),
+            ]
+        )
+    )
     assert args.lr_scale == scale and args.model_config().d_model == TINY_NET["d_model"]
     return args
 
@@ -197,8 +240,9 @@ class NaNWeightsAfterStep(keras.callbacks.Callback):
 
 def test_nan_loss_stops_training_without_a_model(tmp_path, spm500, capsys):
     run_dir = new_run_dir(tmp_path / "run", spm500)
-    args = training.TrainingArgs(output=str(run_dir), **{**BASE, "max_steps": 6, "checkpoint_every": 1,
-                                                          "keep_checkpoints": 10})
+    args = training.TrainingArgs(
+        output=str(run_dir), **{**BASE, "max_steps": 6, "checkpoint_every": 1, "keep_checkpoints": 10}
+    )
     result = training.train(args, callbacks=[NaNWeightsAfterStep(2)])
     out = capsys.readouterr().out
     assert result.stopped_on_nan and result.step == 3  # stopped at the first NaN step, not at 6
@@ -216,13 +260,46 @@ def test_nan_from_a_huge_lr_scale_makes_the_command_fail(tmp_path, spm500, capsy
     """`--lr-scale 1e6` blows the weights up within a few steps; `keras-transformer train` returns 1."""
     run_dir = new_run_dir(tmp_path / "run", spm500)
     parser = train_cli.add_training_arguments(argparse.ArgumentParser())
-    namespace = parser.parse_args([
-        "--preset", "tiny", "--vocab-size", "500", "--batch-tokens", "1024", "--max-length", "32",
-        "--validation-split", "none", "--warmup-steps", str(WARMUP), "--checkpoint-every", "1",
-        "--keep-checkpoints", "20", "--log-every", "1", "--verbose", "0", "--max-steps", "20",
-        "--num-layers", "1", "--d-model", "32", "--d-ff", "64", "--dropout", "0", "--lr-scale", "1e6",
-        "--average-last", "3", "--output", str(run_dir),
-    ])
+    namespace = parser.parse_args(
+        [
+            "--preset",
+            "tiny",
+            "--vocab-size",
+            "500",
+            "--batch-tokens",
+            "1024",
+            "--max-length",
+            "32",
+            "--validation-split",
+            "none",
+            "--warmup-steps",
+            str(WARMUP),
+            "--checkpoint-every",
+            "1",
+            "--keep-checkpoints",
+            "20",
+            "--log-every",
+            "1",
+            "--verbose",
+            "0",
+            "--max-steps",
+            "20",
+            "--num-layers",
+            "1",
+            "--d-model",
+            "32",
+            "--d-ff",
+            "64",
+            "--dropout",
+            "0",
+            "--lr-scale",
+            "1e6",
+            "--average-last",
+            "3",
+            "--output",
+            str(run_dir),
+        ]
+    )
     assert train_cli.run(namespace) == 1
     out = capsys.readouterr().out
     rows = read_csv(run_dir / "steps.csv")
@@ -242,8 +319,10 @@ def test_nan_from_a_huge_lr_scale_makes_the_command_fail(tmp_path, spm500, capsy
 @pytest.mark.parametrize("average_last, kept", [(0, [5, 6]), (3, [4, 5, 6])])
 def test_keep_checkpoints_keeps_the_newest_and_at_least_average_last(tmp_path, spm500, capsys, average_last, kept):
     run_dir = new_run_dir(tmp_path / "run", spm500)
-    args = training.TrainingArgs(output=str(run_dir), **{**BASE, "max_steps": 6, "checkpoint_every": 1,
-                                                          "keep_checkpoints": 2, "average_last": average_last})
+    args = training.TrainingArgs(
+        output=str(run_dir),
+        **{**BASE, "max_steps": 6, "checkpoint_every": 1, "keep_checkpoints": 2, "average_last": average_last},
+    )
     result = training.train(args)
     assert result.step == 6
     assert checkpoint_steps(run_dir) == kept
@@ -267,8 +346,7 @@ def small_corpus(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("corpus")
     for lang in ("en", "de"):
-        (path / f"train.{lang}").write_text("\n".join(corpora.read_lines("train", lang)[:80]) + "\n",
-                                            encoding="utf-8")
+        (path / f"train.{lang}").write_text("\n".join(corpora.read_lines("train", lang)[:80]) + "\n", encoding="utf-8")
     return f"files:{path}/{{split}}.{{src}},{path}/{{split}}.{{tgt}}"
 
 
@@ -297,19 +375,35 @@ def test_steps_per_execution_trains_exactly_the_same_steps(tmp_path, spm500, sma
     the weights of a one-step-per-call run after that many steps."""
     one_dir, two_dir = new_run_dir(tmp_path / "one", spm500), new_run_dir(tmp_path / "two", spm500)
     for batch_tokens in (256, 224, 288, 320, 192):  # the first budget whose epoch has an odd number of batches
-        options = {**BASE, "data": small_corpus, "batch_tokens": batch_tokens, "checkpoint_every": 2,
-                   "keep_checkpoints": 100}
-        epoch = TrainingData(training.TrainingArgs(output="unused", **options), Tokenizer(spm500),
-                             DataSpec.parse(small_corpus).load("train"), 1, BASE["max_length"]).batches_per_epoch()
+        options = {
+            **BASE,
+            "data": small_corpus,
+            "batch_tokens": batch_tokens,
+            "checkpoint_every": 2,
+            "keep_checkpoints": 100,
+        }
+        epoch = TrainingData(
+            training.TrainingArgs(output="unused", **options),
+            Tokenizer(spm500),
+            DataSpec.parse(small_corpus).load("train"),
+            1,
+            BASE["max_length"],
+        ).batches_per_epoch()
         if epoch % 2 == 1 and epoch > 1:
             break
     assert epoch % 2 == 1 and epoch > 1, f"the test needs an odd epoch length, got {epoch}"
     runs = {}
     for name, run_dir, per_execution in (("one", one_dir, 1), ("two", two_dir, 2)):
         # 2 epochs and 1 step: an odd number, over two epoch ends.
-        args = training.TrainingArgs(output=str(run_dir), **{**options, "max_steps": 2 * epoch + 1,
-                                                             "steps_per_execution": per_execution,
-                                                             "checkpoint_every": 1 if per_execution == 1 else 2})
+        args = training.TrainingArgs(
+            output=str(run_dir),
+            **{
+                **options,
+                "max_steps": 2 * epoch + 1,
+                "steps_per_execution": per_execution,
+                "checkpoint_every": 1 if per_execution == 1 else 2,
+            },
+        )
         runs[name] = training.train(args)
     total = 2 * epoch + 1
     # Where each execution of 2 steps ends: every 2 steps in an epoch, and at the epoch's end.
@@ -328,8 +422,10 @@ def test_steps_per_execution_trains_exactly_the_same_steps(tmp_path, spm500, sma
     model = run_layout.build_model(run_layout.model_config_of_run(str(one_dir)))
     one_paths, two_paths = dict(training.list_checkpoints(str(one_dir))), dict(training.list_checkpoints(str(two_dir)))
     for step in expected_checkpoints:
-        for a, b in zip(training.average_checkpoints([one_paths[step]], model),
-                        training.average_checkpoints([two_paths[step]], model)):
+        for a, b in zip(
+            training.average_checkpoints([one_paths[step]], model),
+            training.average_checkpoints([two_paths[step]], model),
+        ):
             np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
     for a, b in zip(one.model.get_weights(), two.model.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -339,8 +435,9 @@ def test_steps_per_execution_trains_exactly_the_same_steps(tmp_path, spm500, sma
         assert tensorboard_batch_steps(one_dir) == list(range(1, total + 1))
 
 
-def test_a_streamed_corpus_trains_on_the_same_batches_in_one_fit_call_or_one_per_epoch(tmp_path, spm500,
-                                                                                      small_corpus, monkeypatch):
+def test_a_streamed_corpus_trains_on_the_same_batches_in_one_fit_call_or_one_per_epoch(
+    tmp_path, spm500, small_corpus, monkeypatch
+):
     """80 pairs streamed (as if over the in-memory limit): with 2 steps per execution, each epoch
     is a fit call of its own, and the calls go on with one stream: the weights are those of the
     run that reads it in one call, bit for bit (not of a stream started anew at every epoch)."""
@@ -351,8 +448,9 @@ def test_a_streamed_corpus_trains_on_the_same_batches_in_one_fit_call_or_one_per
     runs = {}
     for per_execution in (1, 2):
         run_dir = new_run_dir(tmp_path / f"spe{per_execution}", spm500)
-        runs[per_execution] = training.train(training.TrainingArgs(output=str(run_dir), **options,
-                                                                   steps_per_execution=per_execution))
+        runs[per_execution] = training.train(
+            training.TrainingArgs(output=str(run_dir), **options, steps_per_execution=per_execution)
+        )
     one, two = runs[1], runs[2]
     assert json.loads((tmp_path / "spe2" / "config.json").read_text())["data"]["streamed"]
     assert one.step == two.step == 7
@@ -376,8 +474,9 @@ def position_models():
     keras.utils.set_random_seed(0)
     models = {}
     for encoding in ("learned", "sinusoidal"):
-        model = Transformer(TransformerConfig.tiny(vocab_size=64, max_length=M, num_layers=1,
-                                                   positional_encoding=encoding))
+        model = Transformer(
+            TransformerConfig.tiny(vocab_size=64, max_length=M, num_layers=1, positional_encoding=encoding)
+        )
         model.build()
         models[encoding] = model
     return models
@@ -387,13 +486,16 @@ def position_models():
 SOURCES = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 3], [7, 8, 9, 3, 0, 0, 0, 0, 0, 0]]
 
 
-@pytest.mark.parametrize("search, options", [
-    ("greedy", {}),
-    ("greedy", {"use_cache": False}),
-    ("greedy", {"max_length": 40}),
-    ("beam", {"beam_size": 3}),
-    ("beam", {"beam_size": 3, "return_all": True}),
-])
+@pytest.mark.parametrize(
+    "search, options",
+    [
+        ("greedy", {}),
+        ("greedy", {"use_cache": False}),
+        ("greedy", {"max_length": 40}),
+        ("beam", {"beam_size": 3}),
+        ("beam", {"beam_size": 3, "return_all": True}),
+    ],
+)
 def test_learned_positions_cap_the_output_length(position_models, search, options):
     """`output_limits`: with learned positions the output buffer is capped by the position table
     (`config.max_length` = M), also when source length + 50 (or `max_length`) is longer. With the

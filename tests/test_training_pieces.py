@@ -82,8 +82,9 @@ def test_fused_adam_matches_keras_adam_dense_and_sparse():
     results = []
     for optimizer_class in (keras.optimizers.Adam, FusedAdam):
         variables = [keras.Variable(w) for w in init]
-        optimizer = optimizer_class(learning_rate=TransformerSchedule(8, warmup_steps=2), beta_1=0.9,
-                                    beta_2=0.98, epsilon=1e-9)
+        optimizer = optimizer_class(
+            learning_rate=TransformerSchedule(8, warmup_steps=2), beta_1=0.9, beta_2=0.98, epsilon=1e-9
+        )
 
         apply = _graph_update(optimizer, variables)
         for grads in steps:
@@ -135,9 +136,7 @@ def test_label_smoothed_loss_equals_formula_and_ignores_padding():
     assert float(loss(labels, changed)) == pytest.approx(float(loss(labels, logits)), rel=1e-6)
     # epsilon = 0 is the ordinary cross-entropy.
     plain = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True).numpy()
-    assert float(LabelSmoothedCrossEntropy(0.0)(labels, logits)) == pytest.approx(
-        plain[labels != 0].mean(), rel=1e-5
-    )
+    assert float(LabelSmoothedCrossEntropy(0.0)(labels, logits)) == pytest.approx(plain[labels != 0].mean(), rel=1e-5)
 
 
 def test_label_smoothed_gradient_is_softmax_minus_target():
@@ -209,8 +208,7 @@ MODES = ["eager", "graph", "xla"]
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("upstream", [1.0, 3.0], ids=["upstream 1", "upstream 3"])
 @pytest.mark.parametrize("with_sample_weight", [False, True], ids=["", "sample weights"])
-def test_loss_with_its_gradient_from_the_forward_pass_equals_the_per_token_formula(upstream, with_sample_weight,
-                                                                                   mode):
+def test_loss_with_its_gradient_from_the_forward_pass_equals_the_per_token_formula(upstream, with_sample_weight, mode):
     """The TF path (value and gradient in one XLA pass, the gradient scaled by the upstream one, or not when
     it is 1; eagerly, in a graph and inside an XLA-compiled step) against the mean of the per-token losses
     of `call()` differentiated by autodiff."""
@@ -278,16 +276,16 @@ def test_loss_gradient_in_low_precision():
     logits = tf.cast(tf.cast(rng.normal(size=(8, 64, 50)).astype("float32") * 8, tf.bfloat16), tf.float32)
     labels = tf.constant(rng.integers(1, 50, size=(8, 64)))
     loss = LabelSmoothedCrossEntropy(0.0)  # no epsilon / V floor under the gradients: many are tiny
-    scale = 2.0 ** 15
+    scale = 2.0**15
     _, exact = _loss_and_gradient(loss, labels, logits, upstream=scale)
     exact = exact.numpy()
     _, half = _loss_and_gradient(loss, labels, tf.cast(logits, tf.bfloat16), upstream=scale)
     assert half.dtype == tf.bfloat16
-    np.testing.assert_allclose(tf.cast(half, tf.float32).numpy(), exact, rtol=2 ** -8, atol=1e-30)
+    np.testing.assert_allclose(tf.cast(half, tf.float32).numpy(), exact, rtol=2**-8, atol=1e-30)
     _, half = _loss_and_gradient(loss, labels, tf.cast(logits, tf.float16), upstream=scale)
     assert half.dtype == tf.float16
     half = tf.cast(half, tf.float32).numpy()
-    np.testing.assert_allclose(half, exact, rtol=2 ** -10, atol=6e-8)
+    np.testing.assert_allclose(half, exact, rtol=2**-10, atol=6e-8)
     # Unscaled, these gradients would be below float16's smallest number (6e-8) and round to 0.
     tiny = np.abs(exact / scale) < 3e-8
     assert tiny.mean() > 0.1 and np.mean(half[tiny] != 0) > 0.5

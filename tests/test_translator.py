@@ -66,7 +66,6 @@ def test_invalid_utf8_is_replaced_not_fatal(translator):
     assert source.shape[0] == 1 and source[0, -1] == 3  # replacement char, then EOS
 
 
-
 def test_sentences_are_normalized_as_training_files_are_read(translator):
     """Tabs, runs of spaces, Unicode whitespace at the ends and a byte-order mark: the file reader's answer."""
     from keras_transformer.data.text import decode_text_lines
@@ -77,7 +76,11 @@ def test_sentences_are_normalized_as_training_files_are_read(translator):
     assert texts == expected and texts[1] == ""  # whitespace only: blank
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
     assert translator.normalized(tf.constant(raw)).numpy().tolist() == [
-        "A dog runs on the\u00a0beach.".encode(), b"", b"A man sleeps."]
+        "A dog runs on the\u00a0beach.".encode(),
+        b"",
+        b"A man sleeps.",
+    ]
+
 
 def test_long_input_is_truncated_and_output_bounded(translator, tokenizer):
     long = " ".join(["A man in a blue shirt is standing on a ladder."] * 40)
@@ -90,8 +93,9 @@ def test_long_input_is_truncated_and_output_bounded(translator, tokenizer):
 
 def test_max_input_length_is_capped_by_learned_positions(tokenizer):
     """Learned positions end at the table: a longer max_input_length is refused, not a crash in the graph."""
-    config = TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64, max_length=16,
-                                    positional_encoding="learned")
+    config = TransformerConfig.tiny(
+        vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64, max_length=16, positional_encoding="learned"
+    )
     model = Transformer(config)
     with pytest.raises(ValueError, match="max_input_length 17 exceeds the model's max_length 16"):
         Translator(model, tokenizer, beam_size=2, max_input_length=17)
@@ -179,11 +183,13 @@ def test_greedy_scores_are_length_penalized(translator, tokenizer, alpha):
     sentences = ["A dog runs.", "Two men are playing soccer on a green field.", "Hello"]
     _, scores = run(greedy, sentences)
     token_ids, log_p = decoding.greedy_search(
-        translator.model, greedy.source_ids(tf.constant(sentences)), max_extra_length=4)
+        translator.model, greedy.source_ids(tf.constant(sentences)), max_extra_length=4
+    )
     lengths = np.sum(token_ids.numpy() != PAD_ID, axis=-1)
     assert len(set(lengths.tolist())) > 1  # penalties that differ between the sentences
-    np.testing.assert_allclose(scores, log_p.numpy() / decoding.length_penalty(lengths, alpha).numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        scores, log_p.numpy() / decoding.length_penalty(lengths, alpha).numpy(), rtol=1e-5, atol=1e-6
+    )
     if alpha == 0.0:
         np.testing.assert_allclose(scores, log_p.numpy(), rtol=1e-6, atol=1e-6)
     else:
@@ -226,8 +232,7 @@ class ScriptedTranslationModel:
         batch = tf.shape(memory)[0]
         return {"self": [(tf.zeros([batch, 1, max_length, 2]),) * 2], "cross": [(memory, memory)]}
 
-    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None,
-                    self_attention_mask=None):
+    def decode_step(self, target_ids, memory, source_ids, cache, cache_index, positions=None, self_attention_mask=None):
         if positions is None:
             positions = cache_index + tf.range(tf.shape(target_ids)[1])
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)  # [B]

@@ -37,10 +37,18 @@ def tiny_args(corpus, output, **options):
     os.makedirs(run_dir, exist_ok=True)
     shutil.copy(corpus / "spm.model", os.path.join(run_dir, "spm.model"))
     values = dict(
-        output=str(run_dir), data=f"files:{corpus}/{{split}}.{{src}},{corpus}/{{split}}.{{tgt}}", preset="tiny",
-        vocab_size=500, overrides={"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64},
-        batch_tokens=1024, warmup_steps=4, max_steps=6, checkpoint_every=2, keep_checkpoints=10,
-        validate_bleu_every=2, verbose=0,
+        output=str(run_dir),
+        data=f"files:{corpus}/{{split}}.{{src}},{corpus}/{{split}}.{{tgt}}",
+        preset="tiny",
+        vocab_size=500,
+        overrides={"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64},
+        batch_tokens=1024,
+        warmup_steps=4,
+        max_steps=6,
+        checkpoint_every=2,
+        keep_checkpoints=10,
+        validate_bleu_every=2,
+        verbose=0,
     )
     values.update(options)
     return training.TrainingArgs(**values)
@@ -103,8 +111,9 @@ def test_early_stopping_stops_after_patience_validations_without_improvement(cor
 
     monkeypatch.setattr("keras_transformer.inference.evaluation.corpus_scores", fake_scores)
     run_dir = tmp_path / "run"
-    result = training.train(tiny_args(corpus, run_dir, max_steps=12, validate_bleu_every=1,
-                                      early_stopping_patience=2, checkpoint_every=100))
+    result = training.train(
+        tiny_args(corpus, run_dir, max_steps=12, validate_bleu_every=1, early_stopping_patience=2, checkpoint_every=100)
+    )
     assert result.early_stopped and result.step == 4
     assert result.best_val_bleu == (2, 12.0)
     assert [int(r["step"]) for r in read_rows(run_dir / "bleu.csv")] == [1, 2, 3, 4]
@@ -132,8 +141,9 @@ def test_a_resumed_run_keeps_its_best_bleu_and_validations_without_improvement(t
 
     (tmp_path / "bleu.csv").write_text("step,bleu,seconds\n100,30.0,1.0\n200,25.0,1.0\n300,31.0,1.0\n")
     chief = SimpleNamespace(path=lambda *parts: os.path.join(tmp_path, *parts), is_chief=True, run_dir=str(tmp_path))
-    worker = SimpleNamespace(path=lambda *parts: os.path.join(tmp_path, "worker-1", *parts), is_chief=False,
-                             run_dir=str(tmp_path))
+    worker = SimpleNamespace(
+        path=lambda *parts: os.path.join(tmp_path, "worker-1", *parts), is_chief=False, run_dir=str(tmp_path)
+    )
 
     def resumed(run, start_step):
         return validation_bleu.ValidationBleu(run, None, ["s"], ["r"], 100, patience=2, start_step=start_step)
@@ -146,10 +156,14 @@ def test_a_resumed_run_keeps_its_best_bleu_and_validations_without_improvement(t
     assert resumed(chief, 300).best == (300, 31.0)
 
     # Step 300 again, with 26 (not 31) this time: the second validation in a row below 30, so early stopping stops.
-    monkeypatch.setattr("keras_transformer.inference.evaluation.corpus_scores",
-                        lambda hypotheses, references, lang=None: {"bleu": 26.0})
-    monkeypatch.setattr(validation_bleu.ValidationBleu, "_translator_for",
-                        lambda self, model: SimpleNamespace(translate=lambda sources: sources))
+    monkeypatch.setattr(
+        "keras_transformer.inference.evaluation.corpus_scores", lambda hypotheses, references, lang=None: {"bleu": 26.0}
+    )
+    monkeypatch.setattr(
+        validation_bleu.ValidationBleu,
+        "_translator_for",
+        lambda self, model: SimpleNamespace(translate=lambda sources: sources),
+    )
     validator = resumed(chief, 200)
     assert validator(None, 300) is True
     assert (validator.best, validator.latest, validator.without_improvement) == ((100, 30.0), (300, 26.0), 2)

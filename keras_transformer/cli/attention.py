@@ -7,7 +7,8 @@ from keras_transformer.cli.decoding_options import add_search_options, load_run_
 
 def register(subparsers):
     parser = subparsers.add_parser(
-        "attention", help="plot the attention heads of one layer for a sentence (PNG)",
+        "attention",
+        help="plot the attention heads of one layer for a sentence (PNG)",
     )
     parser.add_argument("sentence", help="the source sentence")
     parser.add_argument("--model", required=True, help="training run directory")
@@ -28,8 +29,9 @@ def run(args):
         )
     if is_blank(args.sentence):  # checked before the model loads
         raise SystemExit("attention: nothing to show: the sentence is blank (it translates to an empty string).")
-    translator = load_run_translator(args, "attention", beam_size=args.beam, alpha=args.alpha,
-                                     max_extra_length=args.max_extra_length)
+    translator = load_run_translator(
+        args, "attention", beam_size=args.beam, alpha=args.alpha, max_extra_length=args.max_extra_length
+    )
     num_layers = translator.model.config.num_layers
     if not -num_layers <= args.layer < num_layers:
         raise SystemExit(f"attention: --layer {args.layer} is out of range for {num_layers} layers.")

@@ -8,7 +8,7 @@ def register(subparsers):
         "average-checkpoints",
         help="average the last K checkpoints of a run into one model (§6.1)",
         description="Writes the element-wise mean of the weights of the last K checkpoints of RUN_DIR. "
-                    "Give the output to translate/evaluate/export with --checkpoint.",
+        "Give the output to translate/evaluate/export with --checkpoint.",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR")
     parser.add_argument("--last", type=int, default=5, help="K: checkpoints to average (default 5; §6.1)")

@@ -3,6 +3,7 @@
 import contextlib
 import os
 
+from keras_transformer.cli.threads import set_pools_for
 from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
@@ -12,7 +13,6 @@ from keras_transformer.decoding.defaults import (
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
 )
-from keras_transformer.cli.threads import set_pools_for
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
@@ -27,32 +27,59 @@ def add_search_options(parser, early_stopping=True, keep_recorded=False):
     def default(value):
         return None if keep_recorded else value
 
-    parser.add_argument("--beam", type=int, default=default(DEFAULT_BEAM_SIZE),
-                        help=f"beam size (1 = greedy); default {DEFAULT_BEAM_SIZE} (§6.1){recorded}")
-    parser.add_argument("--alpha", type=float, default=default(DEFAULT_ALPHA),
-                        help=f"length penalty; default {DEFAULT_ALPHA} (§6.1){recorded}")
-    parser.add_argument("--max-extra-length", type=int, default=default(EXTRA_OUTPUT_LENGTH),
-                        help=f"output may exceed the source by this many tokens; default {EXTRA_OUTPUT_LENGTH} "
-                             f"(§6.1){recorded}")
+    parser.add_argument(
+        "--beam",
+        type=int,
+        default=default(DEFAULT_BEAM_SIZE),
+        help=f"beam size (1 = greedy); default {DEFAULT_BEAM_SIZE} (§6.1){recorded}",
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=default(DEFAULT_ALPHA),
+        help=f"length penalty; default {DEFAULT_ALPHA} (§6.1){recorded}",
+    )
+    parser.add_argument(
+        "--max-extra-length",
+        type=int,
+        default=default(EXTRA_OUTPUT_LENGTH),
+        help=f"output may exceed the source by this many tokens; default {EXTRA_OUTPUT_LENGTH} (§6.1){recorded}",
+    )
     if early_stopping:
-        parser.add_argument("--early-stopping", choices=EARLY_STOPPING, default=default(DEFAULT_EARLY_STOPPING),
-                            help=f"exact: stop when no alive hypothesis can win (default{recorded}); "
-                                 "k_finished: stop once beam-size hypotheses ended (faster)")
+        parser.add_argument(
+            "--early-stopping",
+            choices=EARLY_STOPPING,
+            default=default(DEFAULT_EARLY_STOPPING),
+            help=f"exact: stop when no alive hypothesis can win (default{recorded}); "
+            "k_finished: stop once beam-size hypotheses ended (faster)",
+        )
 
 
 def add_model_options(parser):
     """--model, the search options, --precision and --batch-size of translate and evaluate."""
-    parser.add_argument("--model", required=True, help="run directory or exported SavedModel (its base directory "
-                                                      "or one version)")
+    parser.add_argument(
+        "--model", required=True, help="run directory or exported SavedModel (its base directory or one version)"
+    )
     add_search_options(parser)
-    parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default=None,
-                        help="with a run directory: decode in this precision (default: the one the model was "
-                             "trained with; auto: bfloat16 where the hardware computes it natively, else float32)")
-    parser.add_argument("--checkpoint", default=None,
-                        help="with a run directory: use this checkpoint (a path, e.g. from average-checkpoints, "
-                             "or 'latest') instead of model.keras")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_TRANSLATE_BATCH_SIZE,
-                        help=f"the most sentences per decoding call (default {DEFAULT_TRANSLATE_BATCH_SIZE})")
+    parser.add_argument(
+        "--precision",
+        choices=DECODING_PRECISION_CHOICES,
+        default=None,
+        help="with a run directory: decode in this precision (default: the one the model was "
+        "trained with; auto: bfloat16 where the hardware computes it natively, else float32)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="with a run directory: use this checkpoint (a path, e.g. from average-checkpoints, "
+        "or 'latest') instead of model.keras",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_TRANSLATE_BATCH_SIZE,
+        help=f"the most sentences per decoding call (default {DEFAULT_TRANSLATE_BATCH_SIZE})",
+    )
 
 
 def load_translator(args, command):
@@ -68,11 +95,20 @@ def load_translator(args, command):
     top_k, temperature = getattr(args, "sampling_topk", None), getattr(args, "sampling_temperature", None)
     if top_k is not None or temperature is not None:
         # `is None`, not `or`: 0 is a value to check, not a flag left out.
-        sampling = dict(top_k=0 if top_k is None else top_k, temperature=1.0 if temperature is None else temperature,
-                        seed=args.seed)
+        sampling = dict(
+            top_k=0 if top_k is None else top_k, temperature=1.0 if temperature is None else temperature, seed=args.seed
+        )
     with _loading_errors(command, args.model):
-        return load_translator(args.model, args.beam, args.alpha, args.max_extra_length, args.early_stopping,
-                               args.precision, checkpoint=args.checkpoint, sampling=sampling)
+        return load_translator(
+            args.model,
+            args.beam,
+            args.alpha,
+            args.max_extra_length,
+            args.early_stopping,
+            args.precision,
+            checkpoint=args.checkpoint,
+            sampling=sampling,
+        )
 
 
 def load_run_translator(args, command, **options):

@@ -8,17 +8,24 @@ from keras_transformer.cli.text_files import read_lines
 
 def register(subparsers):
     parser = subparsers.add_parser(
-        "evaluate", help="corpus sacreBLEU and chrF of a model on a test set, as JSON",
+        "evaluate",
+        help="corpus sacreBLEU and chrF of a model on a test set, as JSON",
     )
     add_model_options(parser)
     parser.add_argument("--src", help="source sentences, one per line")
     parser.add_argument("--ref", help="reference translations, one per line")
-    parser.add_argument("--multi30k", metavar="SPLIT", choices=("val", "test2016"),
-                        help="instead of --src/--ref: the shipped Multi30k split (val or test2016), from "
-                             "--src-lang to --tgt-lang")
+    parser.add_argument(
+        "--multi30k",
+        metavar="SPLIT",
+        choices=("val", "test2016"),
+        help="instead of --src/--ref: the shipped Multi30k split (val or test2016), from --src-lang to --tgt-lang",
+    )
     parser.add_argument("--src-lang", default="en", help="source language of --multi30k (default en)")
-    parser.add_argument("--tgt-lang", default="de",
-                        help="target language: Moses tokenization, and the reference side of --multi30k (default de)")
+    parser.add_argument(
+        "--tgt-lang",
+        default="de",
+        help="target language: Moses tokenization, and the reference side of --multi30k (default de)",
+    )
     parser.add_argument("--output", help="also write the translations to this file")
     parser.add_argument("--progress", action="store_true", help="progress bar on stderr")
     parser.set_defaults(func=run)

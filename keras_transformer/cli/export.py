@@ -9,42 +9,64 @@ def register(subparsers):
     parser = subparsers.add_parser(
         "export",
         help="export a run (or re-export an export) as a SavedModel for TensorFlow Serving (strings in, "
-             "translations out)",
+        "translations out)",
         description="Writes OUTPUT/<version>/ (saved_model.pb, variables/, assets/spm.model, assets/export.json, "
-                    "assets.extra/tf_serving_warmup_requests) "
-                    "with a 'serving_default' signature: inputs tf.string [None] -> translations tf.string [None], "
-                    "scores float32 [None]. Prints the version directory. Given an exported version instead of a "
-                    "run, writes its model again with this version's graph (its decoding options, precision, "
-                    "training options, --n-best signature and scores kept unless given; the scores only while "
-                    "the options and precision stay).",
+        "assets.extra/tf_serving_warmup_requests) "
+        "with a 'serving_default' signature: inputs tf.string [None] -> translations tf.string [None], "
+        "scores float32 [None]. Prints the version directory. Given an exported version instead of a "
+        "run, writes its model again with this version's graph (its decoding options, precision, "
+        "training options, --n-best signature and scores kept unless given; the scores only while "
+        "the options and precision stay).",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR",
-                        help="training run directory, or an exported version directory (OUTPUT/<version>) to re-export")
+    parser.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="training run directory, or an exported version directory (OUTPUT/<version>) to re-export",
+    )
     parser.add_argument("--output", "-o", required=True, help="model base directory, e.g. saved_models/multi30k_en_de")
-    parser.add_argument("--version", type=int, default=None,
-                        help="version number (default: highest existing + 1, starting at 1)")
+    parser.add_argument(
+        "--version", type=int, default=None, help="version number (default: highest existing + 1, starting at 1)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --version")
     add_search_options(parser, keep_recorded=True)
-    parser.add_argument("--max-input-length", type=int, default=None,
-                        help="longer sources are truncated to this many tokens (default: the model's max_length; "
-                             "an export's recorded one)")
-    parser.add_argument("--checkpoint", default=None,
-                        help="export this checkpoint (path or 'latest') instead of the final model.keras")
-    parser.add_argument("--n-best", type=int, default=None, metavar="N",
-                        help="also export the signature translate_n_best: the N best translations and scores "
-                             "of each input, [B, N] (N <= --beam; 0: none, also for an export that has one)")
-    parser.add_argument("--precision", choices=DECODING_PRECISION_CHOICES, default=None,
-                        help="the precision the exported graph computes in; auto (the default for a run): bfloat16 "
-                             "where this machine computes it natively (a CPU with AVX512_BF16 or AMX-BF16, GPUs of "
-                             "compute capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs). The "
-                             "choice is this machine's: export with float32 to serve on CPUs without native "
-                             "bfloat16. A re-exported version keeps its precision by default")
+    parser.add_argument(
+        "--max-input-length",
+        type=int,
+        default=None,
+        help="longer sources are truncated to this many tokens (default: the model's max_length; "
+        "an export's recorded one)",
+    )
+    parser.add_argument(
+        "--checkpoint", default=None, help="export this checkpoint (path or 'latest') instead of the final model.keras"
+    )
+    parser.add_argument(
+        "--n-best",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also export the signature translate_n_best: the N best translations and scores "
+        "of each input, [B, N] (N <= --beam; 0: none, also for an export that has one)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=DECODING_PRECISION_CHOICES,
+        default=None,
+        help="the precision the exported graph computes in; auto (the default for a run): bfloat16 "
+        "where this machine computes it natively (a CPU with AVX512_BF16 or AMX-BF16, GPUs of "
+        "compute capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs). The "
+        "choice is this machine's: export with float32 to serve on CPUs without native "
+        "bfloat16. A re-exported version keeps its precision by default",
+    )
     warmup = parser.add_mutually_exclusive_group()
-    warmup.add_argument("--warmup-sentences", metavar="FILE", default=None,
-                        help="source sentences, one per line, for the warm-up requests TensorFlow Serving replays "
-                             "when it loads the version (assets.extra/tf_serving_warmup_requests: requests of 1, 8, "
-                             "64 and 256 sentences). Default: a re-exported version's own, else the first "
-                             "validation sources of the run's data where they can be read, else none")
+    warmup.add_argument(
+        "--warmup-sentences",
+        metavar="FILE",
+        default=None,
+        help="source sentences, one per line, for the warm-up requests TensorFlow Serving replays "
+        "when it loads the version (assets.extra/tf_serving_warmup_requests: requests of 1, 8, "
+        "64 and 256 sentences). Default: a re-exported version's own, else the first "
+        "validation sources of the run's data where they can be read, else none",
+    )
     warmup.add_argument("--no-warmup", action="store_true", help="write no warm-up requests")
     parser.set_defaults(func=run)
 
@@ -67,10 +89,18 @@ def run(args):
     warmup_sentences = _warmup_sentences(args)
     try:
         path = export_saved_model(
-            args.run_dir, args.output, version=args.version, beam_size=args.beam, alpha=args.alpha,
-            max_extra_length=args.max_extra_length, overwrite=args.overwrite,
-            max_input_length=args.max_input_length, checkpoint=args.checkpoint,
-            early_stopping=args.early_stopping, dtype=args.precision, n_best=args.n_best,
+            args.run_dir,
+            args.output,
+            version=args.version,
+            beam_size=args.beam,
+            alpha=args.alpha,
+            max_extra_length=args.max_extra_length,
+            overwrite=args.overwrite,
+            max_input_length=args.max_input_length,
+            checkpoint=args.checkpoint,
+            early_stopping=args.early_stopping,
+            dtype=args.precision,
+            n_best=args.n_best,
             warmup_sentences=warmup_sentences,
         )
     except (FileExistsError, FileNotFoundError, ImportError, ValueError) as error:

@@ -8,9 +8,10 @@ from keras_transformer.cli.text_files import read_lines
 
 def register(subparsers):
     parser = subparsers.add_parser(
-        "score", help="score sentence pairs: the model's log-probability of each target given its source",
+        "score",
+        help="score sentence pairs: the model's log-probability of each target given its source",
         description="Prints one score per line: log P(target | source), summed over the target's tokens and "
-                    "its end token (--normalize: divided by their number). Needs a training run directory.",
+        "its end token (--normalize: divided by their number). Needs a training run directory.",
     )
     parser.add_argument("--model", required=True, help="training run directory")
     parser.add_argument("--src", required=True, help="source sentences, one per line")
@@ -26,8 +27,10 @@ def run(args):
     from keras_transformer.inference.translator import is_saved_model
 
     if is_saved_model(args.model):
-        raise SystemExit(f"score: {args.model} is an exported SavedModel, which translates but does not score; "
-                         "give the training run directory.")
+        raise SystemExit(
+            f"score: {args.model} is an exported SavedModel, which translates but does not score; "
+            "give the training run directory."
+        )
     sources, targets = read_lines(args.src, "score"), read_lines(args.tgt, "score")
     if len(sources) != len(targets):
         raise SystemExit(f"score: {args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}.")
@@ -37,8 +40,10 @@ def run(args):
     try:
         scores = score_pairs(translator, sources, targets, batch_size=args.batch_size, normalize=args.normalize)
     except TargetTooLongError as error:
-        raise SystemExit(f"score: {args.tgt} line {error.index + 1}: the target has {error.pieces} pieces, more "
-                         f"than the {error.max_pieces} the model's learned positions allow.") from None
+        raise SystemExit(
+            f"score: {args.tgt} line {error.index + 1}: the target has {error.pieces} pieces, more "
+            f"than the {error.max_pieces} the model's learned positions allow."
+        ) from None
     except ValueError as error:
         raise SystemExit(f"score: {error}") from None
     for score in scores:

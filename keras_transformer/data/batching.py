@@ -21,13 +21,12 @@ EOS marks the end of the sentence for the attention over it (the convention of
 tensor2tensor and fairseq).
 """
 
-
 from __future__ import annotations
 
 import functools
 import logging
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -94,14 +93,10 @@ def bucket_batch_sizes(boundaries: Sequence[int], batch_tokens: int, num_replica
 def checked_bucket_boundaries(boundaries: Sequence[int], max_length: int) -> list[int]:
     """`boundaries` as `make_batches` uses them: checked, and cut at `max_length`."""
     boundaries = [int(b) for b in boundaries]
-    if not boundaries or any(b < 1 for b in boundaries) or any(
-        a >= b for a, b in zip(boundaries, boundaries[1:])
-    ):
+    if not boundaries or any(b < 1 for b in boundaries) or any(a >= b for a, b in zip(boundaries, boundaries[1:])):
         raise ValueError(f"bucket_boundaries must be increasing positive ints, got {boundaries}")
     if boundaries[-1] < max_length:
-        raise ValueError(
-            f"The last bucket boundary ({boundaries[-1]}) must be >= max_length ({max_length})"
-        )
+        raise ValueError(f"The last bucket boundary ({boundaries[-1]}) must be >= max_length ({max_length})")
     # No batch is padded past max_length (a learned position table ends there): the first boundary
     # at or beyond it becomes max_length, and later ones could hold no pair.
     shorter = [b for b in boundaries if b < max_length]
@@ -242,8 +237,9 @@ def make_batches(
     if repeat:
         dataset = dataset.repeat()
 
-    tokenize = functools.partial(tokenizer.tokenize, sampling_alpha=sampling_alpha) if sampling_alpha else (
-        tokenizer.tokenize)
+    tokenize = (
+        functools.partial(tokenizer.tokenize, sampling_alpha=sampling_alpha) if sampling_alpha else (tokenizer.tokenize)
+    )
 
     def tokenize_chunk(sources, targets):
         # One SentencePiece call per chunk is much faster than one per sentence.
@@ -273,9 +269,7 @@ def make_batches(
 
     def pad_to_boundary(src, tgt_in, tgt_out, boundary):
         shape = tf.stack([src.nrows(), boundary])
-        src, tgt_in, tgt_out = (
-            r.to_tensor(default_value=PAD_ID, shape=shape) for r in (src, tgt_in, tgt_out)
-        )
+        src, tgt_in, tgt_out = (r.to_tensor(default_value=PAD_ID, shape=shape) for r in (src, tgt_in, tgt_out))
         return (src, tgt_in), tgt_out
 
     dataset = dataset.map(pad_to_boundary, num_parallel_calls=tf.data.AUTOTUNE)
@@ -330,7 +324,9 @@ class _PoolBatcher:
         bucket_sorted = tf.gather(bucket, order)
 
         counts = tf.math.bincount(
-            tf.cast(bucket, tf.int32), minlength=self.num_buckets, maxlength=self.num_buckets,
+            tf.cast(bucket, tf.int32),
+            minlength=self.num_buckets,
+            maxlength=self.num_buckets,
             dtype=tf.int64,
         )
         full = counts // self.batch_sizes
@@ -386,8 +382,15 @@ def token_budget_stats(batches, max_batches: int | None = None) -> dict:
         (largest ``batch * length`` of one side) and ``shapes`` (set of
         distinct source shapes).
     """
-    stats = dict(num_batches=0, num_examples=0, source_tokens=0, target_tokens=0,
-                 padded_tokens=0, max_batch_tokens=0, shapes=set())
+    stats = dict(
+        num_batches=0,
+        num_examples=0,
+        source_tokens=0,
+        target_tokens=0,
+        padded_tokens=0,
+        max_batch_tokens=0,
+        shapes=set(),
+    )
     for i, ((src, tgt_in), _) in enumerate(batches):
         if max_batches is not None and i >= max_batches:
             break

@@ -38,16 +38,16 @@ class DataSpec:
     paths: tuple = ()
 
     @classmethod
-    def parse(cls, spec: "str | DataSpec") -> "DataSpec":
+    def parse(cls, spec: str | DataSpec) -> DataSpec:
         """Parses `spec`; a `ValueError` names the accepted forms."""
         if isinstance(spec, DataSpec):
             return spec
         if spec == "multi30k":
             return cls("multi30k")
         if isinstance(spec, str) and spec.startswith("tfds:") and len(spec) > len("tfds:"):
-            return cls("tfds", name=spec[len("tfds:"):])
+            return cls("tfds", name=spec[len("tfds:") :])
         if isinstance(spec, str) and spec.startswith("files:"):
-            paths = tuple(spec[len("files:"):].split(","))
+            paths = tuple(spec[len("files:") :].split(","))
             if len(paths) == 2 and all(paths):
                 return cls("files", paths=paths)
         raise ValueError(f"Unknown dataset spec {spec!r}; expected 'multi30k', 'tfds:NAME' or 'files:SRC,TGT'")

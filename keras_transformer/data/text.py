@@ -15,7 +15,7 @@ import io
 import logging
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -57,8 +57,7 @@ def decode_text_lines(data: bytes, name: str) -> list[str]:
     except UnicodeDecodeError as err:
         line_number = data.count(b"\n", 0, err.start) + 1
         raise ValueError(
-            f"{name}: line {line_number}: invalid UTF-8 ({err.reason}, "
-            f"byte {data[err.start:err.start + 1]!r})"
+            f"{name}: line {line_number}: invalid UTF-8 ({err.reason}, byte {data[err.start : err.start + 1]!r})"
         ) from None
     if text.startswith("\ufeff"):
         text = text[1:]
@@ -137,8 +136,12 @@ def load_parallel_text(
     if skipped:
         logger.warning(
             "Skipped %d of %d pairs with an empty side in %s / %s (lines %s%s)",
-            len(skipped), len(sources), src_path, tgt_path,
-            ", ".join(map(str, skipped[:10])), ", ..." if len(skipped) > 10 else "",
+            len(skipped),
+            len(sources),
+            src_path,
+            tgt_path,
+            ", ".join(map(str, skipped[:10])),
+            ", ..." if len(skipped) > 10 else "",
         )
         keep = set(range(len(sources))) - {n - 1 for n in skipped}
         sources = [s for i, s in enumerate(sources) if i in keep]

@@ -51,8 +51,9 @@ def load_tfds(
     if shuffle_seed is None:
         dataset = builder.as_dataset(split=split, shuffle_files=False)
     else:
-        dataset = builder.as_dataset(split=split, shuffle_files=True,
-                                     read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed))
+        dataset = builder.as_dataset(
+            split=split, shuffle_files=True, read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed)
+        )
 
     def to_pair(example):
         return normalize_in_graph(example[src]), normalize_in_graph(example[tgt])

@@ -35,7 +35,7 @@ import itertools
 import logging
 import os
 import tempfile
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import sentencepiece as spm
@@ -100,9 +100,7 @@ class Tokenizer(tf.Module):
         self._proto = proto
         # Python-side processor: used for vocab size and piece strings only.
         self._processor = processor
-        self._sp = tf_text.SentencepieceTokenizer(
-            model=proto, out_type=tf.int32, add_bos=False, add_eos=False
-        )
+        self._sp = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.int32, add_bos=False, add_eos=False)
         # A resource with a shared name survives tf.random.set_seed (tensorflow/text#570).
         shared_name = "keras_transformer_spm_" + hashlib.sha256(proto).hexdigest()[:24]
         self._resource = compat.shared_sentencepiece_resource(proto, shared_name)
@@ -308,15 +306,18 @@ def train_tokenizer(
     if refused:
         raise ValueError(
             f"train_tokenizer (tokenizer {model_prefix}): {', '.join(refused)} cannot be set: "
-            + "; ".join(dict.fromkeys(_FIXED_TRAINER_FLAGS[name] for name in refused)) + ".")
+            + "; ".join(dict.fromkeys(_FIXED_TRAINER_FLAGS[name] for name in refused))
+            + "."
+        )
     parent = os.path.dirname(model_prefix)
     if parent:
         os.makedirs(parent, exist_ok=True)
     sentences = (s for s in (t.strip() for t in texts) if s)
     first = next(sentences, None)
     if first is None:  # SentencePiece would only say "[!sentences_.empty()]"
-        raise ValueError(f"No text to learn a vocabulary from: every training sentence is empty or blank "
-                         f"(tokenizer {model_prefix}).")
+        raise ValueError(
+            f"No text to learn a vocabulary from: every training sentence is empty or blank (tokenizer {model_prefix})."
+        )
     flags = dict(
         input_sentence_size=0,  # use every sentence ...
         shuffle_input_sentence=False,  # ... in order: deterministic

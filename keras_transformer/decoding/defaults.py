@@ -8,7 +8,6 @@ The translator, the SavedModel export, the command line and the benchmarks
 take their defaults from here.
 """
 
-
 # §6.1: beam size and length penalty.
 DEFAULT_BEAM_SIZE = 4
 DEFAULT_ALPHA = 0.6

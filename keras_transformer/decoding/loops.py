@@ -24,8 +24,9 @@ def length_penalty(length, alpha):
     return tf.pow((5.0 + length) / 6.0, tf.cast(alpha, tf.float32))
 
 
-def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_id, use_cache, max_extra_length,
-                        choose_tokens=None):
+def greedy_search_graph(
+    model, source_ids, max_length, min_length, bos_id, eos_id, use_cache, max_extra_length, choose_tokens=None
+):
     """Untrimmed greedy search: `(token_ids [B, L], scores [B])`.
 
     `choose_tokens(log_probs [B, V], i) -> tokens [B]` picks each step's
@@ -62,9 +63,12 @@ def greedy_search_graph(model, source_ids, max_length, min_length, bos_id, eos_i
         # Finished sentences only append padding and keep their score.
         done = rows["done"]
         tokens = tf.where(done, PAD_ID, tokens)
-        rows = dict(rows, scores=rows["scores"] + tf.where(done, 0.0, token_log_probs),
-                    token_ids=write_position(rows["token_ids"], i, tokens),
-                    done=done | tf.equal(tokens, eos_id) | (i + 1 >= rows["limits"]))
+        rows = dict(
+            rows,
+            scores=rows["scores"] + tf.where(done, 0.0, token_log_probs),
+            token_ids=write_position(rows["token_ids"], i, tokens),
+            done=done | tf.equal(tokens, eos_id) | (i + 1 >= rows["limits"]),
+        )
         if drops_finished:
             rows, results, model_state = _drop_finished(step, rows, results, model_state)
         return i + 1, rows, results, model_state
@@ -86,8 +90,12 @@ def _search_loop(step, cond, body, rows, results, shrinks, first_body=None):
     """
     loop_vars = (tf.constant(0, tf.int32), rows, results, step.initial_state)
     vary_batch = (lambda t: tf.TensorShape([None] + t.shape.as_list()[1:])) if shrinks else (lambda t: t.shape)
-    invariants = (tf.TensorShape([]), tf.nest.map_structure(vary_batch, rows),
-                  tf.nest.map_structure(lambda t: t.shape, results), step.state_shape_invariants)
+    invariants = (
+        tf.TensorShape([]),
+        tf.nest.map_structure(vary_batch, rows),
+        tf.nest.map_structure(lambda t: t.shape, results),
+        step.state_shape_invariants,
+    )
     if first_body is not None:
         loop_vars = tf.cond(cond(*loop_vars), lambda: first_body(*loop_vars), lambda: loop_vars)
     _, rows, results, _ = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
@@ -102,8 +110,18 @@ def _search_loop(step, cond, body, rows, results, shrinks, first_body=None):
 
 
 def beam_search_graph(
-    model, source_ids, beam_size, alpha, max_length, min_length, bos_id, eos_id, return_all, use_cache,
-    max_extra_length, early_stopping,
+    model,
+    source_ids,
+    beam_size,
+    alpha,
+    max_length,
+    min_length,
+    bos_id,
+    eos_id,
+    return_all,
+    use_cache,
+    max_extra_length,
+    early_stopping,
 ):
     """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first.
 
@@ -121,8 +139,9 @@ def beam_search_graph(
     step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=k)
     beams = _initial_beams(batch_size, k, buffer_length, limits, alpha)
     results = {"finished_ids": beams["finished_ids"], "finished_scores": beams["finished_scores"]}
-    options = dict(k=k, alpha=alpha, min_length=min_length, eos_id=eos_id, early_stopping=early_stopping,
-                   return_all=return_all)
+    options = dict(
+        k=k, alpha=alpha, min_length=min_length, eos_id=eos_id, early_stopping=early_stopping, return_all=return_all
+    )
 
     def body(i, beams, results, model_state, first=False):
         beams, model_state = _beam_step(step, i, beams, model_state, first=first, **options)
@@ -155,8 +174,9 @@ def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_
     rows = None
     if step.can_select and early_stopping == "exact" and not first:
         rows = _can_change_result(beams, return_all)
-    token_log_probs, tokens, model_state = step.top_tokens(i, alive_ids, model_state, 2 * k, min_length, eos_id,
-                                                           first=first, rows=rows)  # [B, K, C]
+    token_log_probs, tokens, model_state = step.top_tokens(
+        i, alive_ids, model_state, 2 * k, min_length, eos_id, first=first, rows=rows
+    )  # [B, K, C]
     candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
     per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller
 
@@ -195,8 +215,9 @@ def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_
         finished_ids=tf.where(frozen[..., None], beams["finished_ids"], new_finished_ids),
         finished_scores=tf.where(frozen, beams["finished_scores"], new_finished_scores),
     )
-    cannot_improve = _cannot_improve(updated["alive_log_probs"], updated["finished_scores"], beams["max_penalty"],
-                                     early_stopping, return_all)
+    cannot_improve = _cannot_improve(
+        updated["alive_log_probs"], updated["finished_scores"], beams["max_penalty"], early_stopping, return_all
+    )
     updated["done"] = beams["done"] | (length >= limits) | cannot_improve
     return updated, model_state
 
@@ -225,8 +246,10 @@ def _drop_finished(step, rows, results, model_state):
 def _store_finished(results, rows, which):
     """`results` with `rows[name]` of the batch rows `which` written at their sentences' rows, for each name."""
     sentences = tf.gather(rows["sentence"], which)[:, None]  # [W, 1]
-    return {name: tf.tensor_scatter_nd_update(tensor, sentences, tf.gather(rows[name], which))
-            for name, tensor in results.items()}
+    return {
+        name: tf.tensor_scatter_nd_update(tensor, sentences, tf.gather(rows[name], which))
+        for name, tensor in results.items()
+    }
 
 
 def _can_change_result(beams, return_all):

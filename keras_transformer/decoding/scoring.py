@@ -36,5 +36,4 @@ def score_outputs(model, source_ids, output_ids, bos_id=BOS_ID):
     log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
     token_log_probs = tf.gather(log_probs, output_ids, batch_dims=2)  # [B, T]
     real = tf.not_equal(output_ids, PAD_ID)
-    return (tf.reduce_sum(tf.where(real, token_log_probs, 0.0), axis=1),
-            tf.reduce_sum(tf.cast(real, tf.int32), axis=1))
+    return (tf.reduce_sum(tf.where(real, token_log_probs, 0.0), axis=1), tf.reduce_sum(tf.cast(real, tf.int32), axis=1))

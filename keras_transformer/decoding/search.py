@@ -57,8 +57,14 @@ def greedy_search(
 
     The pad id is never generated.
     """
-    options = dict(max_length=max_length, min_length=min_length, bos_id=bos_id, eos_id=eos_id,
-                   use_cache=use_cache, max_extra_length=max_extra_length)
+    options = dict(
+        max_length=max_length,
+        min_length=min_length,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        use_cache=use_cache,
+        max_extra_length=max_extra_length,
+    )
     _check_options(**options)
     if tf.executing_eagerly():
         return _eager_call(model, "greedy", source_ids, options)
@@ -100,8 +106,17 @@ def sampling_search(
         of the sampled tokens' log-probabilities under the model (temperature 1,
         whole vocabulary).
     """
-    options = dict(temperature=temperature, top_k=top_k, seed=seed, max_length=max_length, min_length=min_length,
-                   bos_id=bos_id, eos_id=eos_id, use_cache=use_cache, max_extra_length=max_extra_length)
+    options = dict(
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+        max_length=max_length,
+        min_length=min_length,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        use_cache=use_cache,
+        max_extra_length=max_extra_length,
+    )
     _check_options(**options)
     if tf.executing_eagerly():
         return _eager_call(model, "sampling", source_ids, options)
@@ -203,9 +218,18 @@ def beam_search(
     Beam size 1 with alpha = 0 gives the greedy result and score. The pad id
     is never generated.
     """
-    options = dict(beam_size=beam_size, alpha=alpha, max_length=max_length, min_length=min_length,
-                   bos_id=bos_id, eos_id=eos_id, return_all=return_all, use_cache=use_cache,
-                   max_extra_length=max_extra_length, early_stopping=early_stopping)
+    options = dict(
+        beam_size=beam_size,
+        alpha=alpha,
+        max_length=max_length,
+        min_length=min_length,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        return_all=return_all,
+        use_cache=use_cache,
+        max_extra_length=max_extra_length,
+        early_stopping=early_stopping,
+    )
     _check_options(**options)
     if tf.executing_eagerly():
         return _eager_call(model, "beam", source_ids, options)
@@ -243,9 +267,20 @@ def make_decode_fn(model, method="beam", jit_compile=False, **options):
     return _make_decode_fn(lambda: model, method, jit_compile, options)
 
 
-def _check_options(beam_size=1, alpha=0.0, max_length=None, min_length=0, bos_id=BOS_ID, eos_id=EOS_ID,
-                   max_extra_length=EXTRA_OUTPUT_LENGTH, early_stopping=DEFAULT_EARLY_STOPPING, temperature=1.0,
-                   top_k=0, seed=None, **_):
+def _check_options(
+    beam_size=1,
+    alpha=0.0,
+    max_length=None,
+    min_length=0,
+    bos_id=BOS_ID,
+    eos_id=EOS_ID,
+    max_extra_length=EXTRA_OUTPUT_LENGTH,
+    early_stopping=DEFAULT_EARLY_STOPPING,
+    temperature=1.0,
+    top_k=0,
+    seed=None,
+    **_,
+):
     if not 0.0 < float(temperature) < float("inf"):
         raise ValueError(f"temperature must be > 0 and finite, got {temperature!r}.")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:

@@ -9,6 +9,7 @@ import tensorflow as tf
 from keras_transformer.decoding.tokens import top_allowed_tokens, top_allowed_tokens_of_rows
 from keras_transformer.layers.attention import in_place_cache_writes
 
+
 class _CachedStep:
     """Feeds the K hypotheses of each sentence to `model.decode_step` side by side.
 
@@ -36,8 +37,11 @@ class _CachedStep:
         slots = 0 if self.growing else buffer_length * beam_size
         cache = model.init_cache(memory, slots)  # cross K/V computed once
         # Per sentence (memory is one copy per sentence, shared by its hypotheses) ...
-        sentences = {"memory": memory, "source_ids": source_ids,
-                     **{key: value for key, value in cache.items() if key not in ("self", "shared")}}
+        sentences = {
+            "memory": memory,
+            "source_ids": source_ids,
+            **{key: value for key, value in cache.items() if key not in ("self", "shared")},
+        }
         # ... and, without a batch axis, shared by all sentences (`init_cache`'s "shared").
         self.shared = {"shared": cache["shared"]} if "shared" in cache else {}
         ancestry = tf.zeros([tf.shape(source_ids)[0], beam_size, buffer_length], tf.int32)
@@ -51,6 +55,7 @@ class _CachedStep:
     @property
     def state_shape_invariants(self):
         """A growing cache changes its slot axis; a shrinking batch, every batch axis."""
+
         def vary(tensor, axes):
             shape = tensor.shape.as_list()
             for axis in axes:
@@ -60,9 +65,11 @@ class _CachedStep:
         batch_axis = (0,) if self.can_select else ()
         slot_axes = (2,) if self.growing else ()  # [B, N, slots, H]
         self_cache, ancestry, sentences = self.initial_state
-        return (tf.nest.map_structure(lambda t: vary(t, batch_axis + slot_axes), self_cache),
-                vary(ancestry, batch_axis),
-                tf.nest.map_structure(lambda t: vary(t, batch_axis), sentences))
+        return (
+            tf.nest.map_structure(lambda t: vary(t, batch_axis + slot_axes), self_cache),
+            vary(ancestry, batch_axis),
+            tf.nest.map_structure(lambda t: vary(t, batch_axis), sentences),
+        )
 
     def top_tokens(self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None):
         """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i (`first`: via `first`).
@@ -76,8 +83,10 @@ class _CachedStep:
         # `step_logits` reads the output matrix from the shared entries only.
         to_logits = None
         if hasattr(self.model, "step_logits"):
+
             def to_logits(hidden):
                 return self.model.step_logits(hidden, self.shared, dtype=None)
+
         if first:  # searches its one row per sentence, then copies the few candidates, not the logits
             logits, state = self.first(token_ids, state, to_logits=to_logits)  # [B, 1, V]
             log_probs, ids = _top_tokens(logits, None, rows, count, i, min_length, eos_id)  # [B, 1, C]
@@ -121,8 +130,11 @@ class _CachedStep:
 
     def _decoder_cache(self, self_cache, sentences):
         """The `model.decode_step` cache: the self-attention slots, each sentence's own and the shared entries."""
-        return {"self": self_cache, **{key: value for key, value in sentences.items()
-                                       if key not in ("memory", "source_ids")}, **self.shared}
+        return {
+            "self": self_cache,
+            **{key: value for key, value in sentences.items() if key not in ("memory", "source_ids")},
+            **self.shared,
+        }
 
     @property
     def has_first(self):
@@ -136,7 +148,9 @@ class _CachedStep:
         return self.growing
 
     def first(self, token_ids, state, to_logits=None):
-        """Step 0, like `__call__(0, ...)`, computing one hypothesis per sentence instead of K: `(logits [B, 1, V], state)`.
+        """Step 0, like `__call__(0, ...)`, computing one hypothesis per sentence instead of K.
+
+        Returns `(logits [B, 1, V], state)`.
 
         `to_logits`: projects the decoder output (`model.step_logits`) instead of `decode_step`.
 
@@ -153,10 +167,16 @@ class _CachedStep:
         batch = tf.shape(ancestry)[0]
         start = tf.fill([batch, 1], self.bos_id)  # [B, 1]
         mask = tf.ones([batch, 1, 1], tf.bool)  # the one slot, its own
-        logits, cache = self.model.decode_step(start, sentences["memory"], sentences["source_ids"],
-                                               self._decoder_cache(self_cache, sentences), 0,
-                                               positions=tf.zeros([1], tf.int32), self_attention_mask=mask,
-                                               **_projection_option(to_logits is None))
+        logits, cache = self.model.decode_step(
+            start,
+            sentences["memory"],
+            sentences["source_ids"],
+            self._decoder_cache(self_cache, sentences),
+            0,
+            positions=tf.zeros([1], tf.int32),
+            self_attention_mask=mask,
+            **_projection_option(to_logits is None),
+        )
         if to_logits is not None:
             logits = to_logits(logits)
         # The K slots of step 0 all hold the one computed row.
@@ -227,7 +247,6 @@ def make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, be
     return step_class(model, memory, source_ids, buffer_length, bos_id, beam_size)
 
 
-
 def _tile_beams(tensor, beam_size):
     """`[B, ...]` -> `[B*K, ...]`, each row repeated K times in a row."""
     if beam_size == 1:
@@ -235,4 +254,3 @@ def _tile_beams(tensor, beam_size):
     shape = tf.shape(tensor)
     tiled = tf.tile(tensor[:, None], [1, beam_size] + [1] * (len(tensor.shape) - 1))
     return tf.reshape(tiled, tf.concat([[shape[0] * beam_size], shape[1:]], axis=0))
-

@@ -62,8 +62,9 @@ def top_allowed_tokens(logits, count, i, min_length, eos_id):
     wanted = count + forbidden_count
     if vocab_size is not None:
         wanted, count = min(wanted, vocab_size), min(count, vocab_size)
-    if not (logits.dtype == tf.bfloat16 and strided_blocks(vocab_size, wanted)
-            and not compat.graph_is_compiled_by_xla()):
+    if not (
+        logits.dtype == tf.bfloat16 and strided_blocks(vocab_size, wanted) and not compat.graph_is_compiled_by_xla()
+    ):
         logits = tf.cast(logits, tf.float32)
     top_k = strided_top_k if logits.dtype == tf.bfloat16 else blocked_top_k
     values, ids = top_k(logits, wanted)  # [R, K, count + forbidden], best first
@@ -182,7 +183,6 @@ def write_position(token_ids, i, tokens):
     """`token_ids[..., i] = tokens` for `token_ids [..., L]`, `tokens [...]` (XLA-friendly)."""
     at_i = tf.equal(tf.range(tf.shape(token_ids)[-1]), i)
     return tf.where(at_i, tokens[..., None], token_ids)
-
 
 
 def trim_padding(token_ids):

@@ -73,14 +73,12 @@ _ACTIVATIONS = {
 }
 
 
-
 def _require_ctranslate2():
     try:
         import ctranslate2  # noqa: F401
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "export_ctranslate2 needs the ctranslate2 package: pip install ctranslate2 "
-            "(or pip install -e '.[bench]')."
+            "export_ctranslate2 needs the ctranslate2 package: pip install ctranslate2 (or pip install -e '.[bench]')."
         ) from error
     return ctranslate2
 
@@ -100,9 +98,7 @@ def _vocabulary(model, vocabulary, tokenizer):
         return default_vocabulary(vocab_size)
     vocabulary = [str(token) for token in vocabulary]
     if len(vocabulary) != vocab_size:
-        raise ValueError(
-            f"The vocabulary has {len(vocabulary)} tokens but the model's vocab_size is {vocab_size}."
-        )
+        raise ValueError(f"The vocabulary has {len(vocabulary)} tokens but the model's vocab_size is {vocab_size}.")
     if len(set(vocabulary)) != len(vocabulary):
         raise ValueError("The vocabulary has duplicate tokens; CTranslate2 needs one token per id.")
     return vocabulary
@@ -213,11 +209,13 @@ def transformer_spec(model, vocabulary=None, tokenizer=None, max_positions=1024,
     # Embeddings (§3.4): both scaled by sqrt(d_model), as CTranslate2's scale_embeddings does.
     source_embeddings = _numpy(model.source_embedding.embeddings)
     target_embeddings = (
-        source_embeddings if model.target_embedding is model.source_embedding
+        source_embeddings
+        if model.target_embedding is model.source_embedding
         else _numpy(model.target_embedding.embeddings)
     )
     projection = (
-        target_embeddings if model.output_projection is model.target_embedding
+        target_embeddings
+        if model.output_projection is model.target_embedding
         else _numpy(model.output_projection.embeddings)
     )
     if not (model.source_embedding.scale and model.target_embedding.scale):
@@ -250,9 +248,18 @@ def transformer_spec(model, vocabulary=None, tokenizer=None, max_positions=1024,
 
 # What a CTranslate2 model directory holds: model.bin and config.json, and the files beside them.
 _MODEL_FILES = {"model.bin", "config.json"}
-_OTHER_MODEL_FILES = {"shared_vocabulary.json", "source_vocabulary.json", "target_vocabulary.json",
-                      "shared_vocabulary.txt", "source_vocabulary.txt", "target_vocabulary.txt",
-                      "vocabulary.json", "vocabulary.txt", "vmap.txt", "sentencepiece.model"}
+_OTHER_MODEL_FILES = {
+    "shared_vocabulary.json",
+    "source_vocabulary.json",
+    "target_vocabulary.json",
+    "shared_vocabulary.txt",
+    "source_vocabulary.txt",
+    "target_vocabulary.txt",
+    "vocabulary.json",
+    "vocabulary.txt",
+    "vmap.txt",
+    "sentencepiece.model",
+}
 
 
 def _check_replaceable(output_dir, force):
@@ -260,22 +267,30 @@ def _check_replaceable(output_dir, force):
     if not os.path.lexists(output_dir):
         return
     if os.path.islink(output_dir) or not os.path.isdir(output_dir):
-        raise FileExistsError(f"export_ctranslate2: {output_dir} exists and is not a directory (a file or a "
-                              "symbolic link); give a new or empty directory.")
+        raise FileExistsError(
+            f"export_ctranslate2: {output_dir} exists and is not a directory (a file or a "
+            "symbolic link); give a new or empty directory."
+        )
     entries = sorted(os.listdir(output_dir))
     if not entries:
         return
-    foreign = [e for e in entries
-               if e not in _MODEL_FILES | _OTHER_MODEL_FILES or not os.path.isfile(os.path.join(output_dir, e))]
+    foreign = [
+        e
+        for e in entries
+        if e not in _MODEL_FILES | _OTHER_MODEL_FILES or not os.path.isfile(os.path.join(output_dir, e))
+    ]
     if foreign or not _MODEL_FILES <= set(entries):
         shown = foreign or entries
         listed = ", ".join(shown[:3]) + (", ..." if len(shown) > 3 else "")
-        raise FileExistsError(f"export_ctranslate2: {output_dir} is neither empty nor a CTranslate2 model "
-                              f"directory (it holds {listed}); refusing to replace it. Give a new or empty "
-                              "directory.")
+        raise FileExistsError(
+            f"export_ctranslate2: {output_dir} is neither empty nor a CTranslate2 model "
+            f"directory (it holds {listed}); refusing to replace it. Give a new or empty "
+            "directory."
+        )
     if not force:
-        raise FileExistsError(f"export_ctranslate2: {output_dir} already holds a CTranslate2 model; "
-                              "pass force=True to replace it.")
+        raise FileExistsError(
+            f"export_ctranslate2: {output_dir} already holds a CTranslate2 model; pass force=True to replace it."
+        )
 
 
 def export_ctranslate2(
@@ -320,7 +335,10 @@ def export_ctranslate2(
     output_dir = os.fspath(output_dir)
     _check_replaceable(output_dir, force)  # before any work: the converter deletes what it replaces
     spec = transformer_spec(
-        model, vocabulary=vocabulary, tokenizer=tokenizer, max_positions=max_positions,
+        model,
+        vocabulary=vocabulary,
+        tokenizer=tokenizer,
+        max_positions=max_positions,
         add_source_eos=add_source_eos,
     )
 

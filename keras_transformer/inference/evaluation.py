@@ -21,12 +21,12 @@ Three numbers, because published results use different ones:
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["corpus_scores", "format_scores", "moses_tokenize_lowercase"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _moses(lang: str):
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
@@ -97,8 +97,10 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str], lang: st
 
 def format_scores(scores: dict) -> str:
     """The three scores of `corpus_scores` as printable lines."""
-    return "\n".join([
-        f"BLEU (sacreBLEU, cased, detokenized) = {scores['bleu']:.2f}   {scores['bleu_signature']}",
-        f"BLEU (lower-cased, Moses-tokenized) = {scores['tok_bleu']:.2f}   {scores['tok_bleu_signature']}",
-        f"chrF = {scores['chrf']:.2f}   {scores['chrf_signature']}",
-    ])
+    return "\n".join(
+        [
+            f"BLEU (sacreBLEU, cased, detokenized) = {scores['bleu']:.2f}   {scores['bleu_signature']}",
+            f"BLEU (lower-cased, Moses-tokenized) = {scores['tok_bleu']:.2f}   {scores['tok_bleu_signature']}",
+            f"chrF = {scores['chrf']:.2f}   {scores['chrf_signature']}",
+        ]
+    )

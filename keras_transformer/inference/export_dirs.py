@@ -34,7 +34,8 @@ def is_export_dir(path):
     """Whether `path` is one exported version (`saved_model.pb` and `assets/export.json`), not a run directory."""
     path = os.fspath(path)
     return tf.io.gfile.exists(os.path.join(path, "saved_model.pb")) and tf.io.gfile.exists(
-        os.path.join(path, "assets", INFO_FILENAME))
+        os.path.join(path, "assets", INFO_FILENAME)
+    )
 
 
 def read_export_info(export_dir):
@@ -63,8 +64,10 @@ def publish_version(work_dir, final_dir, overwrite):
     system, where directories cannot be renamed, the files are copied with
     `saved_model.pb` last (what TF Serving needs to load a version).
     """
-    exists_error = FileExistsError(f"{final_dir} already exists (written while this export ran); pick another "
-                                   f"version, or pass overwrite=True (--overwrite).")
+    exists_error = FileExistsError(
+        f"{final_dir} already exists (written while this export ran); pick another "
+        f"version, or pass overwrite=True (--overwrite)."
+    )
     if "://" in final_dir:
         if tf.io.gfile.exists(final_dir):
             if not overwrite:
@@ -73,7 +76,7 @@ def publish_version(work_dir, final_dir, overwrite):
         files = [f"{root.rstrip('/')}/{name}" for root, _, names in tf.io.gfile.walk(work_dir) for name in names]
         files.sort(key=lambda path: os.path.basename(path) == tf.saved_model.SAVED_MODEL_FILENAME_PB)
         for path in files:
-            target = final_dir + path[len(work_dir):]
+            target = final_dir + path[len(work_dir) :]
             tf.io.gfile.makedirs(os.path.dirname(target))
             tf.io.gfile.copy(path, target)
         tf.io.gfile.rmtree(work_dir)

@@ -6,8 +6,8 @@ step casts them. On a CPU with AVX512_BF16 / AMX-BF16, oneDNN runs bfloat16
 matmuls natively and a SavedModel exported in "bfloat16" translates Multi30k
 test2016 about 1.6x as fast as in float32 (`benchmarks/decode_serving.py`);
 without those instructions bfloat16 is emulated and slower than float32.
-On GPUs, "auto" follows training's choice (`training.strategy.auto_precision`). Softmaxes, layer normalization statistics
-and the search's log-probabilities stay in float32 in every precision.
+On GPUs, "auto" follows training's choice (`training.strategy.auto_precision`). Softmaxes, layer normalization
+statistics and the search's log-probabilities stay in float32 in every precision.
 """
 
 from keras_transformer.training.strategy import auto_precision

@@ -106,7 +106,6 @@ ASSET_FILENAME = "spm.model"
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
 
-
 class _ServingModule(tf.Module):
     """What is saved: the Translator's traced `translate_strings`, the resources it captures, the assets."""
 
@@ -207,18 +206,27 @@ def load_export(export_dir, dtype=None):
     model = build_model(TransformerConfig.from_dict(info["model"]), dtype=dtype or info["precision"])
     saved = tf.saved_model.load(export_dir).model_variables
     pairs = list(zip(model.variables, saved))
-    differing = next((index for index, (variable, value) in enumerate(pairs) if (
-        _variable_key(variable.path), tuple(variable.shape)) != (_variable_key(value.name), tuple(value.shape))), None)
+    differing = next(
+        (
+            index
+            for index, (variable, value) in enumerate(pairs)
+            if (_variable_key(variable.path), tuple(variable.shape)) != (_variable_key(value.name), tuple(value.shape))
+        ),
+        None,
+    )
     problem = None
     if len(saved) != len(model.variables):
         problem = f"the model has {len(model.variables)} variables, the export {len(saved)}"
     elif differing is not None:
         variable, value = pairs[differing]
-        problem = (f"variable {differing} is {value.name} {tuple(value.shape)} in the export, "
-                   f"{variable.path} {tuple(variable.shape)} in the model")
+        problem = (
+            f"variable {differing} is {value.name} {tuple(value.shape)} in the export, "
+            f"{variable.path} {tuple(variable.shape)} in the model"
+        )
     if problem:
-        raise ValueError(f"{export_dir}: its variables are not those of the model its {INFO_FILENAME} "
-                         f"describes: {problem}.")
+        raise ValueError(
+            f"{export_dir}: its variables are not those of the model its {INFO_FILENAME} describes: {problem}."
+        )
     for variable, value in pairs:
         variable.assign(value)
     model.compile()
@@ -226,8 +234,13 @@ def load_export(export_dir, dtype=None):
 
 
 # Decoding options of a run directory's export unless given (§6.1).
-_RUN_DECODING_DEFAULTS = dict(beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
-                              max_input_length=None, early_stopping=DEFAULT_EARLY_STOPPING)
+_RUN_DECODING_DEFAULTS = dict(
+    beam_size=DEFAULT_BEAM_SIZE,
+    alpha=DEFAULT_ALPHA,
+    max_extra_length=EXTRA_OUTPUT_LENGTH,
+    max_input_length=None,
+    early_stopping=DEFAULT_EARLY_STOPPING,
+)
 
 
 def _make_translator(source, options, checkpoint, dtype, previous=None):
@@ -244,12 +257,18 @@ def _make_translator(source, options, checkpoint, dtype, previous=None):
         if not changes:
             return source
         # Same model, tokenizer and request limit (and sampling, if it samples), other decoding options.
-        return Translator(source.model, source.tokenizer, **{**current, **changes},
-                          max_batch_size=source.max_batch_size, sampling=source.sampling,
-                          jit_compile=source._jit_compile)
+        return Translator(
+            source.model,
+            source.tokenizer,
+            **{**current, **changes},
+            max_batch_size=source.max_batch_size,
+            sampling=source.sampling,
+            jit_compile=source._jit_compile,
+        )
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"source must be a run directory, an exported version or a Translator, "
-                        f"got {type(source).__name__}.")
+        raise TypeError(
+            f"source must be a run directory, an exported version or a Translator, got {type(source).__name__}."
+        )
     path, limits = os.fspath(source), {}
     if previous is not None:
         if checkpoint is not None:
@@ -266,19 +285,25 @@ def _make_translator(source, options, checkpoint, dtype, previous=None):
             raise FileNotFoundError(f"{path}: no such run directory.")
         if not os.path.exists(os.path.join(path, CONFIG_FILENAME)):
             if os.path.exists(os.path.join(path, "saved_model.pb")):
-                raise ValueError(f"{path}: a SavedModel without assets/{INFO_FILENAME}; only exports written by "
-                                 f"keras-transformer can be exported again.")
+                raise ValueError(
+                    f"{path}: a SavedModel without assets/{INFO_FILENAME}; only exports written by "
+                    f"keras-transformer can be exported again."
+                )
             if list_versions(path):
-                raise ValueError(f"{path} holds exported versions; give one, e.g. "
-                                 f"{os.path.join(path, str(list_versions(path)[-1]))}.")
+                raise ValueError(
+                    f"{path} holds exported versions; give one, e.g. "
+                    f"{os.path.join(path, str(list_versions(path)[-1]))}."
+                )
         model, tokenizer = load_run(path, checkpoint=checkpoint, dtype=dtype)
         defaults = _RUN_DECODING_DEFAULTS
-    return Translator(model, tokenizer, **limits,
-                      **{k: defaults[k] if options[k] is None else options[k] for k in names})
+    return Translator(
+        model, tokenizer, **limits, **{k: defaults[k] if options[k] is None else options[k] for k in names}
+    )
 
 
-def _export_info(translator, version, source, n_best=None, metadata=None, precision_choice=None, previous=None,
-                 weights=None):
+def _export_info(
+    translator, version, source, n_best=None, metadata=None, precision_choice=None, previous=None, weights=None
+):
     """`export.json`'s content; `previous`: the `export.json` of the export `source` is, if it is one;
     `weights`: the file of a run directory the weights come from (`run_dir.weights_file`)."""
     import keras_transformer
@@ -320,15 +345,22 @@ def _export_info(translator, version, source, n_best=None, metadata=None, precis
         same_answers = info["decoding"] == previous.get("decoding") and info["precision"] == previous.get("precision")
         kept = ("training", "metadata") if same_answers else ("training",)
         info.update({key: previous[key] for key in kept if key in previous})
-        info["reexported_from"] = {key: previous.get(key) for key in (
-            "exported_at", "keras_transformer_version", "tensorflow_version", "source", "reexported_from")}
+        info["reexported_from"] = {
+            key: previous.get(key)
+            for key in ("exported_at", "keras_transformer_version", "tensorflow_version", "source", "reexported_from")
+        }
         if not same_answers:  # other options or precision: the old scores describe the old export only
-            info["reexported_from"].update(decoding=previous.get("decoding"), precision=previous.get("precision"),
-                                           metadata=previous.get("metadata"))
+            info["reexported_from"].update(
+                decoding=previous.get("decoding"),
+                precision=previous.get("precision"),
+                metadata=previous.get("metadata"),
+            )
     elif isinstance(source, (str, os.PathLike)):
         from keras_transformer.run_dir import CONFIG_FILENAME, read_config
 
-        training = read_config(source).get("training") if os.path.exists(os.path.join(source, CONFIG_FILENAME)) else None
+        training = (
+            read_config(source).get("training") if os.path.exists(os.path.join(source, CONFIG_FILENAME)) else None
+        )
         if training:
             # How the exported model was trained: the run's options as its config.json records them.
             info["training"] = training
@@ -352,9 +384,11 @@ def _n_best_to_export(n_best, recorded, translator, source):
     """
     if n_best is None and recorded is not None:
         if recorded > translator.beam_size:
-            raise ValueError(f"{source} has a translate_n_best signature of the {recorded} best, more than the beam "
-                             f"size {translator.beam_size} gives; pass n_best (--n-best) of at most "
-                             f"{translator.beam_size}, or 0 for no n-best signature.")
+            raise ValueError(
+                f"{source} has a translate_n_best signature of the {recorded} best, more than the beam "
+                f"size {translator.beam_size} gives; pass n_best (--n-best) of at most "
+                f"{translator.beam_size}, or 0 for no n-best signature."
+            )
         n_best = recorded
     if n_best is None or (n_best == 0 and not isinstance(n_best, bool)):
         return None
@@ -362,9 +396,23 @@ def _n_best_to_export(n_best, recorded, translator, source):
     return n_best
 
 
-def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=None, max_extra_length=None,
-                       *, overwrite=False, max_input_length=None, checkpoint=None, early_stopping=None, dtype=None,
-                       n_best=None, metadata=None, warmup_sentences="auto"):
+def export_saved_model(
+    source,
+    output_dir,
+    version=None,
+    beam_size=None,
+    alpha=None,
+    max_extra_length=None,
+    *,
+    overwrite=False,
+    max_input_length=None,
+    checkpoint=None,
+    early_stopping=None,
+    dtype=None,
+    n_best=None,
+    metadata=None,
+    warmup_sentences="auto",
+):
     """Writes a SavedModel for TensorFlow Serving to `output_dir/<version>/`; returns that path.
 
     Args:
@@ -438,8 +486,13 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
             f"({next_version(output_dir)}), or pass overwrite=True (--overwrite)."
         )
 
-    options = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
-                   max_input_length=max_input_length, early_stopping=early_stopping)
+    options = dict(
+        beam_size=beam_size,
+        alpha=alpha,
+        max_extra_length=max_extra_length,
+        max_input_length=max_input_length,
+        early_stopping=early_stopping,
+    )
     precision_choice, previous, inherited_n_best = None, None, None
     if isinstance(source, (str, os.PathLike)):  # "auto" resolved once, for the model and for export.json
         previous = read_export_info(source) if is_export_dir(source) else None
@@ -462,13 +515,19 @@ def export_saved_model(source, output_dir, version=None, beam_size=None, alpha=N
     work_dir = os.path.join(output_dir, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="keras_transformer_export_") as assets:
-        asset_paths = {ASSET_FILENAME: os.path.join(assets, ASSET_FILENAME),
-                       INFO_FILENAME: os.path.join(assets, INFO_FILENAME)}
+        asset_paths = {
+            ASSET_FILENAME: os.path.join(assets, ASSET_FILENAME),
+            INFO_FILENAME: os.path.join(assets, INFO_FILENAME),
+        }
         with open(asset_paths[ASSET_FILENAME], "wb") as f:
             f.write(translator.tokenizer.model_proto)
         with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
-            json.dump(_export_info(translator, version, source, n_best, metadata, precision_choice, previous,
-                                   weights), f, indent=2, sort_keys=True)
+            json.dump(
+                _export_info(translator, version, source, n_best, metadata, precision_choice, previous, weights),
+                f,
+                indent=2,
+                sort_keys=True,
+            )
         module = _ServingModule(translator, asset_paths, n_best)
         try:
             tf.saved_model.save(module, work_dir, signatures=module.serving_signatures)

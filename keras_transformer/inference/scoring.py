@@ -29,9 +29,11 @@ class TargetTooLongError(ValueError):
 
     def __init__(self, index, pieces, max_pieces):
         self.index, self.pieces, self.max_pieces = index, pieces, max_pieces
-        super().__init__(f"the target of pair {index} (0-based) has {pieces} pieces, more than the "
-                         f"{max_pieces} the model's learned positions allow (max_length {max_pieces + 1}, "
-                         "the end token included).")
+        super().__init__(
+            f"the target of pair {index} (0-based) has {pieces} pieces, more than the "
+            f"{max_pieces} the model's learned positions allow (max_length {max_pieces + 1}, "
+            "the end token included)."
+        )
 
 
 class PairScorer(tf.Module):
@@ -89,10 +91,9 @@ def score_pairs(translator, sources, targets, batch_size=64, normalize=False):
         scorer = _SCORERS[translator] = PairScorer(translator)
     lengths = [len(s.encode("utf-8", "replace")) + len(t.encode("utf-8", "replace")) for s, t in zip(sources, targets)]
     order = np.argsort(lengths, kind="stable")
-    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     # Every target is tokenized and checked before any pair is scored (tokenizing is cheap).
-    output_ids = [scorer.target_ids(tf.constant([targets[i] for i in rows], tf.string)).numpy()
-                  for rows in batches]
+    output_ids = [scorer.target_ids(tf.constant([targets[i] for i in rows], tf.string)).numpy() for rows in batches]
     max_pieces = _max_target_pieces(translator.model)
     if max_pieces is not None:
         pieces = np.zeros(len(targets), np.int64)
@@ -103,8 +104,9 @@ def score_pairs(translator, sources, targets, batch_size=64, normalize=False):
             raise TargetTooLongError(int(too_long[0]), int(pieces[too_long[0]]), max_pieces)
     scores = [0.0] * len(sources)
     for rows, ids in zip(batches, output_ids):
-        log_probs, counts = scorer.score_ids(tf.constant([sources[i] for i in rows], tf.string),
-                                             tf.constant(ids, tf.int32))
+        log_probs, counts = scorer.score_ids(
+            tf.constant([sources[i] for i in rows], tf.string), tf.constant(ids, tf.int32)
+        )
         for row, log_prob, count in zip(rows, log_probs.numpy(), counts.numpy()):
             scores[row] = float(log_prob / count) if normalize else float(log_prob)
     return scores

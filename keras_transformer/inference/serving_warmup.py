@@ -37,8 +37,10 @@ WARMUP_DIR = "assets.extra"
 WARMUP_FILENAME = "tf_serving_warmup_requests"
 DEFAULT_WARMUP_SIZES = (1, 8, 64, 256)
 MAX_WARMUP_RECORDS = 1000  # TensorFlow Serving refuses to load a version with more
-_NO_SERVING_API = ("Writing TensorFlow Serving warm-up requests needs the package tensorflow-serving-api "
-                   "(pip install tensorflow-serving-api).")
+_NO_SERVING_API = (
+    "Writing TensorFlow Serving warm-up requests needs the package tensorflow-serving-api "
+    "(pip install tensorflow-serving-api)."
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +65,10 @@ def warmup_requests(sentences, sizes=DEFAULT_WARMUP_SIZES):
             raise ValueError(f"Warm-up sentence {index} is a {type(sentence).__name__}, not a str: {sentence!r}.")
     sizes = list(sizes)
     if not sizes or len(sizes) > MAX_WARMUP_RECORDS:
-        raise ValueError(f"Warm-up requests: 1 to {MAX_WARMUP_RECORDS} sizes (TensorFlow Serving refuses to load a "
-                         f"version with more than {MAX_WARMUP_RECORDS} records), got {len(sizes)}.")
+        raise ValueError(
+            f"Warm-up requests: 1 to {MAX_WARMUP_RECORDS} sizes (TensorFlow Serving refuses to load a "
+            f"version with more than {MAX_WARMUP_RECORDS} records), got {len(sizes)}."
+        )
     for size in sizes:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"Warm-up request sizes must be positive integers, got {size!r}.")
@@ -92,8 +96,9 @@ def write_warmup_requests(export_dir, sentences, sizes=DEFAULT_WARMUP_SIZES, sig
             for request_sentences in requests:
                 request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(signature_name=signature_name))
                 encoded = [sentence.encode("utf-8") for sentence in request_sentences]
-                request.inputs[INPUT_NAME].CopyFrom(tf.make_tensor_proto(encoded, dtype=tf.string,
-                                                                         shape=[len(encoded)]))
+                request.inputs[INPUT_NAME].CopyFrom(
+                    tf.make_tensor_proto(encoded, dtype=tf.string, shape=[len(encoded)])
+                )
                 log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
                 writer.write(log.SerializeToString())
         tf.io.gfile.rename(partial, path, overwrite=True)
@@ -118,8 +123,10 @@ def read_warmup_requests(export_dir):
     return requests
 
 
-def run_validation_sources(run_dir, limit=max(DEFAULT_WARMUP_SIZES)):
+def run_validation_sources(run_dir, limit=None):
     """Up to `limit` source sentences of the validation split of the data `run_dir` trained on, or None.
+
+    `limit` defaults to the largest of `DEFAULT_WARMUP_SIZES`.
 
     Read for the vendored Multi30k and for "files:" data whose validation
     files exist (their paths as the run recorded them: relative ones from
@@ -132,6 +139,8 @@ def run_validation_sources(run_dir, limit=max(DEFAULT_WARMUP_SIZES)):
         ValueError: the recorded data cannot be read (unknown spec, files
             whose line counts differ, invalid UTF-8).
     """
+    if limit is None:
+        limit = max(DEFAULT_WARMUP_SIZES)
     from keras_transformer.data.spec import DataSpec
     from keras_transformer.run_dir import read_config
 
@@ -181,8 +190,9 @@ def warmup_for_export(warmup_sentences, source):
     warmup_requests(sentences)  # refuses bad sentences now
     if not _serving_api_installed():
         raise ImportError(_NO_SERVING_API)
-    return lambda version_dir, max_batch_size: write_warmup_requests(version_dir, sentences,
-                                                                     sizes_within(max_batch_size))
+    return lambda version_dir, max_batch_size: write_warmup_requests(
+        version_dir, sentences, sizes_within(max_batch_size)
+    )
 
 
 def _auto_warmup(source):
@@ -205,13 +215,18 @@ def _auto_warmup(source):
         return _none(f"no validation data of {source} can be read here")
     if not _serving_api_installed():
         return _none(_NO_SERVING_API, logging.WARNING)
-    return lambda version_dir, max_batch_size: write_warmup_requests(version_dir, sentences,
-                                                                     sizes_within(max_batch_size))
+    return lambda version_dir, max_batch_size: write_warmup_requests(
+        version_dir, sentences, sizes_within(max_batch_size)
+    )
 
 
 def _none(reason, level=logging.INFO):
-    logger.log(level, "No TensorFlow Serving warm-up requests written: %s. Pass warmup_sentences "
-               "(export --warmup-sentences FILE) to add them.", reason.rstrip("."))
+    logger.log(
+        level,
+        "No TensorFlow Serving warm-up requests written: %s. Pass warmup_sentences "
+        "(export --warmup-sentences FILE) to add them.",
+        reason.rstrip("."),
+    )
     return None
 
 

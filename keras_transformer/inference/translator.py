@@ -95,10 +95,20 @@ class Translator(tf.Module):
     (2, 'str', '', 0.0)
     """
 
-    def __init__(self, model, tokenizer, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA,
-                 max_extra_length=EXTRA_OUTPUT_LENGTH, max_input_length=None, jit_compile=False,
-                 early_stopping=DEFAULT_EARLY_STOPPING, sampling=None, max_batch_size=MAX_BATCH_SIZE,
-                 name="translator"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        beam_size=DEFAULT_BEAM_SIZE,
+        alpha=DEFAULT_ALPHA,
+        max_extra_length=EXTRA_OUTPUT_LENGTH,
+        max_input_length=None,
+        jit_compile=False,
+        early_stopping=DEFAULT_EARLY_STOPPING,
+        sampling=None,
+        max_batch_size=MAX_BATCH_SIZE,
+        name="translator",
+    ):
         super().__init__(name=name)
         self.max_batch_size = int(max_batch_size)
         self.model = model
@@ -112,19 +122,27 @@ class Translator(tf.Module):
             raise ValueError(f"max_input_length must be at least 2, got {self.max_input_length}.")
         if model.config.positional_encoding == "learned" and self.max_input_length > model.config.max_length:
             # Learned positions have no embedding past the table: a longer source would fail in the graph.
-            raise ValueError(f"max_input_length {self.max_input_length} exceeds the model's max_length "
-                             f"{model.config.max_length}, the size of its learned position table.")
+            raise ValueError(
+                f"max_input_length {self.max_input_length} exceeds the model's max_length "
+                f"{model.config.max_length}, the size of its learned position table."
+            )
         self.sampling = dict(sampling) if sampling else None
         options = dict(max_extra_length=self.max_extra_length)
         if self.sampling:
-            self.search = decoding.make_decode_fn(model, "sampling", jit_compile=jit_compile, **self.sampling,
-                                                  **options)
+            self.search = decoding.make_decode_fn(
+                model, "sampling", jit_compile=jit_compile, **self.sampling, **options
+            )
         elif self.beam_size == 1:
             self.search = decoding.make_decode_fn(model, "greedy", jit_compile=jit_compile, **options)
         else:
             self.search = decoding.make_decode_fn(
-                model, "beam", jit_compile=jit_compile, beam_size=self.beam_size, alpha=self.alpha,
-                early_stopping=early_stopping, **options
+                model,
+                "beam",
+                jit_compile=jit_compile,
+                beam_size=self.beam_size,
+                alpha=self.alpha,
+                early_stopping=early_stopping,
+                **options,
             )
         self._search_all = None  # every beam, for n-best lists: built on first use
         self._jit_compile = jit_compile
@@ -135,9 +153,7 @@ class Translator(tf.Module):
     def normalized(sentences):
         """Sentences `[N]` as the training data was read: valid UTF-8 (U+FFFD for invalid bytes), no leading
         byte-order mark, runs of spaces and tabs as one space, no whitespace at either end (Unicode's too)."""
-        sentences = tf.strings.unicode_transcode(
-            sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
-        )
+        sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
         return normalize_in_graph(tf.strings.regex_replace(sentences, "^\ufeff", ""))
 
     def source_ids(self, sentences):
@@ -188,9 +204,11 @@ class Translator(tf.Module):
         """
         inputs = tf.ensure_shape(inputs, [None], name="inputs_must_be_a_vector_of_sentences")
         too_many = tf.debugging.assert_less_equal(
-            tf.size(inputs), self.max_batch_size,
+            tf.size(inputs),
+            self.max_batch_size,
             message=f"keras_transformer: at most {self.max_batch_size} sentences per request (inputs [N], N <= "
-                    f"{self.max_batch_size}); split the batch")
+            f"{self.max_batch_size}); split the batch",
+        )
         with tf.control_dependencies([too_many]):
             return tf.identity(inputs)
 
@@ -204,12 +222,20 @@ class Translator(tf.Module):
         finished one, so each of the n is exact.
         """
         if not 1 <= n_best <= self.beam_size or self.sampling:
-            raise ValueError(f"n_best must be between 1 and the beam size {self.beam_size} (and no sampling), "
-                             f"got {n_best}.")
+            raise ValueError(
+                f"n_best must be between 1 and the beam size {self.beam_size} (and no sampling), got {n_best}."
+            )
         if self._search_all is None:
             self._search_all = decoding.make_decode_fn(
-                self.model, "beam", jit_compile=self._jit_compile, beam_size=self.beam_size, alpha=self.alpha,
-                early_stopping=self.early_stopping, max_extra_length=self.max_extra_length, return_all=True)
+                self.model,
+                "beam",
+                jit_compile=self._jit_compile,
+                beam_size=self.beam_size,
+                alpha=self.alpha,
+                early_stopping=self.early_stopping,
+                max_extra_length=self.max_extra_length,
+                return_all=True,
+            )
         return self._n_best_graph(inputs, n_best)
 
     def _n_best_graph(self, inputs, n_best):
@@ -233,8 +259,15 @@ class Translator(tf.Module):
 
     # Python convenience ---------------------------------------------------------------
 
-    def translate(self, sentences, batch_size=DEFAULT_TRANSLATE_BATCH_SIZE, progress=False, return_scores=False,
-                  workers=DEFAULT_TRANSLATE_WORKERS, n_best=None):
+    def translate(
+        self,
+        sentences,
+        batch_size=DEFAULT_TRANSLATE_BATCH_SIZE,
+        progress=False,
+        return_scores=False,
+        workers=DEFAULT_TRANSLATE_WORKERS,
+        n_best=None,
+    ):
         """Translates a list of `str`, batching sentences of similar length.
 
         Args:
@@ -263,8 +296,11 @@ class Translator(tf.Module):
             raise ValueError(f"workers must be a positive integer, got {workers!r}.")
         limit = getattr(self, "max_batch_size", None)
         if not 1 <= batch_size <= (limit or batch_size):
-            raise ValueError(f"batch_size must be between 1 and {limit}, got {batch_size}." if limit else
-                             f"batch_size must be at least 1, got {batch_size}.")
+            raise ValueError(
+                f"batch_size must be between 1 and {limit}, got {batch_size}."
+                if limit
+                else f"batch_size must be at least 1, got {batch_size}."
+            )
         if n_best is not None:
             self.n_best_strings(tf.constant([], tf.string), n_best)  # checks n_best before any work
         sentences = list(sentences)
@@ -337,13 +373,21 @@ class SavedModelTranslator:
             raise ValueError(f"{self.path} was exported without --n-best: it has no translate_n_best signature.")
         exported = signature.structured_outputs["translations"].shape[1]
         if not 1 <= n_best <= exported:
-            raise ValueError(f"n_best must be between 1 and {exported} (the N this SavedModel was exported with), "
-                             f"got {n_best}.")
+            raise ValueError(
+                f"n_best must be between 1 and {exported} (the N this SavedModel was exported with), got {n_best}."
+            )
         outputs = signature(inputs=tf.convert_to_tensor(inputs, tf.string))
         return {name: value[:, :n_best] for name, value in outputs.items()}
 
-    def translate(self, sentences, batch_size=DEFAULT_TRANSLATE_BATCH_SIZE, progress=False, return_scores=False,
-                  workers=DEFAULT_TRANSLATE_WORKERS, n_best=None):
+    def translate(
+        self,
+        sentences,
+        batch_size=DEFAULT_TRANSLATE_BATCH_SIZE,
+        progress=False,
+        return_scores=False,
+        workers=DEFAULT_TRANSLATE_WORKERS,
+        n_best=None,
+    ):
         return Translator.translate(self, sentences, batch_size, progress, return_scores, workers, n_best)
 
 
@@ -374,9 +418,9 @@ def even_batches(order, batch_size, workers):
     pieces = np.array_split(np.asarray(order), count) if count else []
     batches = []
     for start in range(0, len(pieces), workers):
-        turn = pieces[start:start + workers]  # one round: a slice of the order, dealt to its batches
+        turn = pieces[start : start + workers]  # one round: a slice of the order, dealt to its batches
         sentences = np.concatenate(turn)
-        batches.extend(sentences[j::len(turn)] for j in range(len(turn)))
+        batches.extend(sentences[j :: len(turn)] for j in range(len(turn)))
     return [batch for batch in batches if len(batch)]
 
 
@@ -406,8 +450,16 @@ def is_saved_model(path):
         return False
 
 
-def load_translator(path, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_extra_length=EXTRA_OUTPUT_LENGTH,
-                    early_stopping=DEFAULT_EARLY_STOPPING, precision=None, checkpoint=None, sampling=None):
+def load_translator(
+    path,
+    beam_size=DEFAULT_BEAM_SIZE,
+    alpha=DEFAULT_ALPHA,
+    max_extra_length=EXTRA_OUTPUT_LENGTH,
+    early_stopping=DEFAULT_EARLY_STOPPING,
+    precision=None,
+    checkpoint=None,
+    sampling=None,
+):
     """A translator for a run directory or an exported SavedModel (whose options are fixed at export).
 
     `sampling`: `dict(top_k=..., temperature=..., seed=...)` to sample instead of searching (run directories).
@@ -416,12 +468,21 @@ def load_translator(path, beam_size=DEFAULT_BEAM_SIZE, alpha=DEFAULT_ALPHA, max_
         raise FileNotFoundError(f"--model {path}: no such directory (expected a run directory or a SavedModel).")
     if is_saved_model(path):
         if sampling:
-            raise ValueError(f"{path} is a SavedModel, which decodes as exported (beam search): sampling needs the "
-                             "training run directory.")
+            raise ValueError(
+                f"{path} is a SavedModel, which decodes as exported (beam search): sampling needs the "
+                "training run directory."
+            )
         defaults = (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None)
         if (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint) != defaults:
             logger.warning("%s is a SavedModel: decoding options were fixed at export; ignoring the ones given.", path)
         return SavedModelTranslator(path)
-    return Translator.from_run_dir(path, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
-                                   early_stopping=early_stopping, dtype=precision, checkpoint=checkpoint,
-                                   sampling=sampling)
+    return Translator.from_run_dir(
+        path,
+        beam_size=beam_size,
+        alpha=alpha,
+        max_extra_length=max_extra_length,
+        early_stopping=early_stopping,
+        dtype=precision,
+        checkpoint=checkpoint,
+        sampling=sampling,
+    )

@@ -14,7 +14,6 @@ import keras
 from keras import ops
 
 from keras_transformer import compat
-
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.initialization import initializer_for_weight
 from keras_transformer.layers.position_wise import leading_shape, position_wise_matmul
@@ -205,6 +204,7 @@ class MultiHeadAttention(keras.layers.Layer):
         per search, since a TensorFlow while loop recomputes at every step
         what its body computes, loop-invariant or not.
         """
+
         def read(weight):  # outside `call` Keras does not autocast: cast to the compute dtype here
             return None if weight is None else ops.cast(weight, self.compute_dtype)
 
@@ -267,8 +267,10 @@ class MultiHeadAttention(keras.layers.Layer):
         if attention_mask is not None:
             mask = ops.cast(attention_mask, "bool")
             if len(mask.shape) not in (2, 3):
-                raise ValueError(f"{self.name}: attention_mask must be [B, S] (key padding) or [B|1, T|1, S], "
-                                 f"got shape {tuple(mask.shape)}.")
+                raise ValueError(
+                    f"{self.name}: attention_mask must be [B, S] (key padding) or [B|1, T|1, S], "
+                    f"got shape {tuple(mask.shape)}."
+                )
             if len(mask.shape) == 2:  # [B, S]: key padding
                 mask = mask[:, None, :]
             mask = mask[:, None, :, :]  # [B, 1, T|1, S]
@@ -346,8 +348,10 @@ class MultiHeadAttention(keras.layers.Layer):
                 update = update + poison
             return ops.slice_update(cache, (0, 0, index, 0), update)
         if isinstance(index, int) and rows is not None and index > rows:
-            raise ValueError(f"A self-attention cache of {rows} positions cannot take positions from {index}: "
-                             f"a growing cache holds exactly the positions before cache_index.")
+            raise ValueError(
+                f"A self-attention cache of {rows} positions cannot take positions from {index}: "
+                f"a growing cache holds exactly the positions before cache_index."
+            )
         steps = ops.shape(update)[2]
         return ops.concatenate([cache[:, :, :index], update, cache[:, :, index + steps :]], axis=2)
 

@@ -25,9 +25,7 @@ def resolve_head_dims(d_model, num_heads, key_dim, value_dim, where):
         if value is not None:
             continue
         if d_model % num_heads:
-            raise ValueError(
-                f"{where}: d_model={d_model} is not divisible by num_heads={num_heads}; pass {name}."
-            )
+            raise ValueError(f"{where}: d_model={d_model} is not divisible by num_heads={num_heads}; pass {name}.")
         dims[name] = d_model // num_heads
     return dims["key_dim"], dims["value_dim"]
 

@@ -68,8 +68,10 @@ class DecoderLayer(TransformerLayer):
 
     def input_projections(self):
         """Both attentions' input projections (`MultiHeadAttention.input_projection`): `{"self": ..., "cross": ...}`."""
-        return {"self": self.self_attention.input_projection(self_attention=True),
-                "cross": self.cross_attention.input_projection(self_attention=False)}
+        return {
+            "self": self.self_attention.input_projection(self_attention=True),
+            "cross": self.cross_attention.input_projection(self_attention=False),
+        }
 
     def call(
         self,

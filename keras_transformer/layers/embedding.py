@@ -56,9 +56,7 @@ class SharedEmbedding(keras.layers.Layer):
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         if vocab_size <= 0 or d_model <= 0:
-            raise ValueError(
-                f"{self.name}: vocab_size and d_model must be positive, got {vocab_size} and {d_model}."
-            )
+            raise ValueError(f"{self.name}: vocab_size and d_model must be positive, got {vocab_size} and {d_model}.")
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.scale = scale

@@ -130,8 +130,9 @@ class Encoder(TransformerStack):
         attention_mask = None if padding_mask is None else ops.cast(padding_mask, "bool")[:, None, :]
         x, all_weights = inputs, []
         for layer in self.encoder_layers:
-            x = layer(x, attention_mask=attention_mask, training=training,
-                      return_attention_scores=return_attention_scores)
+            x = layer(
+                x, attention_mask=attention_mask, training=training, return_attention_scores=return_attention_scores
+            )
             if return_attention_scores:
                 x, weights = x
                 all_weights.append(weights)

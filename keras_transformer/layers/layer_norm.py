@@ -47,8 +47,12 @@ def _fused_kernel_runs(dtype):
         return False
     import tensorflow as tf
 
-    return (tf.inside_function() and not compat.graph_is_compiled_by_xla() and compat.onednn_kernels_enabled()
-            and not compat.gradient_may_be_recorded())
+    return (
+        tf.inside_function()
+        and not compat.graph_is_compiled_by_xla()
+        and compat.onednn_kernels_enabled()
+        and not compat.gradient_may_be_recorded()
+    )
 
 
 def _fused_inference_form(inputs, epsilon, gamma, beta):
@@ -67,8 +71,9 @@ def _fused_inference_form(inputs, epsilon, gamma, beta):
     width = inputs.shape[-1]
     grid = tf.reshape(inputs, [1, rows, width, 1])
     ones, zeros = tf.ones([rows], tf.float32), tf.zeros([rows], tf.float32)
-    normalized, _, _ = tf.compat.v1.nn.fused_batch_norm(grid, ones, zeros, epsilon=epsilon, data_format="NCHW",
-                                                        is_training=True)
+    normalized, _, _ = tf.compat.v1.nn.fused_batch_norm(
+        grid, ones, zeros, epsilon=epsilon, data_format="NCHW", is_training=True
+    )
     normalized = tf.reshape(normalized, shape)
     return normalized * tf.cast(gamma, inputs.dtype) + tf.cast(beta, inputs.dtype)
 

@@ -59,8 +59,10 @@ def position_wise_matmul(x, kernel, merged_axes=1):
         return ops.matmul(x, kernel)
     width = math.prod(_known_features(shape, merged_axes))
     if kernel.shape[0] is not None and kernel.shape[0] != width:
-        raise ValueError(f"A position-wise matmul of an input of shape {shape} ({width} features in its last "
-                         f"{merged_axes} axes) by a kernel of shape {tuple(kernel.shape)}: the sizes differ.")
+        raise ValueError(
+            f"A position-wise matmul of an input of shape {shape} ({width} features in its last "
+            f"{merged_axes} axes) by a kernel of shape {tuple(kernel.shape)}: the sizes differ."
+        )
     return apply_to_rows(lambda rows: ops.matmul(rows, kernel), x, merged_axes)
 
 
@@ -68,8 +70,9 @@ def _known_features(shape, merged_axes):
     """The sizes of the last `merged_axes` axes of `shape` (the features), which must be known."""
     features = shape[-merged_axes:]
     if None in features:
-        raise ValueError(f"The last {merged_axes} axes of a position-wise input must have known sizes, got shape "
-                         f"{shape}.")
+        raise ValueError(
+            f"The last {merged_axes} axes of a position-wise input must have known sizes, got shape {shape}."
+        )
     return features
 
 

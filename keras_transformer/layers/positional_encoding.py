@@ -21,9 +21,7 @@ def sinusoidal_encoding(positions, d_model, dtype="float32"):
     """The §3.5 table for `positions` (int `[T]`): `[T, d_model]`, sin at even, cos at odd columns."""
     half = (d_model + 1) // 2
     # 1 / 10000^(2i / d_model) for i = 0 .. half-1
-    inverse_frequency = ops.exp(
-        ops.arange(half, dtype="float32") * (-2.0 * math.log(10000.0) / d_model)
-    )
+    inverse_frequency = ops.exp(ops.arange(half, dtype="float32") * (-2.0 * math.log(10000.0) / d_model))
     angles = ops.cast(positions, "float32")[:, None] * inverse_frequency[None, :]
     # Interleave: column 2i is sin, column 2i+1 is cos, exactly as in the paper.
     table = ops.reshape(ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1), (-1, 2 * half))
@@ -123,7 +121,5 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {"max_length": self.max_length, "initializer": keras.initializers.serialize(self.initializer)}
-        )
+        config.update({"max_length": self.max_length, "initializer": keras.initializers.serialize(self.initializer)})
         return config

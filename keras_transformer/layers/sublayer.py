@@ -39,9 +39,7 @@ class SublayerConnection(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape, sublayer_output_shape=None):
-        self.layer_norm = LayerNormalization(
-            epsilon=self.epsilon, dtype=self.dtype_policy, name="layer_norm"
-        )
+        self.layer_norm = LayerNormalization(epsilon=self.epsilon, dtype=self.dtype_policy, name="layer_norm")
         self.layer_norm.build(inputs_shape)
         self.residual_dropout = Dropout(self.dropout, dtype=self.dtype_policy)
         self.built = True

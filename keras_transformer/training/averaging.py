@@ -120,8 +120,9 @@ def check_same_model(paths):
         checked.add(other)
         difference = _difference(first, other, paths[0], path)
         if difference:
-            raise ValueError(f"Cannot average {paths[0]} with {path}: they are checkpoints of different models "
-                             f"({difference}).")
+            raise ValueError(
+                f"Cannot average {paths[0]} with {path}: they are checkpoints of different models ({difference})."
+            )
 
 
 def checkpoints_to_average(checkpoints, last_step, count, fraction=None):
@@ -147,7 +148,7 @@ def checkpoints_to_average(checkpoints, last_step, count, fraction=None):
     if fraction is not None:
         start = (1.0 - fraction) * last_step
         checkpoints = [(step, path) for step, path in checkpoints if step >= start] or checkpoints[-1:]
-    return [path for _, path in checkpoints[-max(count, 1):]]
+    return [path for _, path in checkpoints[-max(count, 1) :]]
 
 
 def write_averaged_model(run_dir, last, output=None):
@@ -172,8 +173,9 @@ def write_averaged_model(run_dir, last, output=None):
     if not checkpoints:
         raise FileNotFoundError(f"no checkpoints in {os.path.join(run_dir, CHECKPOINT_DIR)}.")
     if len(checkpoints) < last:
-        logger.warning("%s has %d checkpoints, fewer than --last %d; averaging all of them.",
-                       run_dir, len(checkpoints), last)
+        logger.warning(
+            "%s has %d checkpoints, fewer than --last %d; averaging all of them.", run_dir, len(checkpoints), last
+        )
     chosen = checkpoints_to_average(checkpoints, checkpoints[-1][0], last)
     model = build_model(model_config_of_run(run_dir), dtype="float32")
     model.set_weights(average_checkpoints(chosen, model))

@@ -70,8 +70,13 @@ class LinearCooldown(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         budget = self.run.args.time_budget
-        factor = cooldown_factor(self.monitor.step, self.total_steps, self.fraction, self.run.training_seconds(),
-                                 60.0 * budget if budget is not None else None)
+        factor = cooldown_factor(
+            self.monitor.step,
+            self.total_steps,
+            self.fraction,
+            self.run.training_seconds(),
+            60.0 * budget if budget is not None else None,
+        )
         optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
         compat.learning_rate_schedule(optimizer).factor.assign(factor)
 
@@ -135,8 +140,7 @@ class RunMonitor(keras.callbacks.Callback):
         if self.model.distribute_strategy.num_replicas_in_sync > 1:
             # Keras logs the mean (or first) of the replicas' own metric values;
             # read the metrics across replicas instead: exact global values.
-            logs.update({k: float(np.asarray(v).reshape(-1)[0])
-                         for k, v in self.model.get_metrics_result().items()})
+            logs.update({k: float(np.asarray(v).reshape(-1)[0]) for k, v in self.model.get_metrics_result().items()})
         tokens = float(logs.pop("tokens", 0.0))
         sequences = float(logs.pop("sequences", 0.0))
         loss = float(logs.get("loss", float("nan")))
@@ -201,15 +205,17 @@ class RunMonitor(keras.callbacks.Callback):
         window_loss = (loss_sum - loss_sum0) / (sequences - seqs0) if sequences > seqs0 else loss
         window_acc = (correct - correct0) / (tokens - tokens0) if tokens > tokens0 else accuracy
         self._window = (sequences, loss_sum, tokens, correct)
-        self.run.append_step_row(dict(
-            step=self.step,
-            epoch=self.run.epoch_of(self.step),
-            loss=round(window_loss, 6),
-            accuracy=round(window_acc, 6),
-            learning_rate=lr,
-            tokens_per_sec=round(self._speed, 1) if self._speed is not None else "",
-            elapsed_sec=round(time.perf_counter() - self.run.start_time, 2),
-        ))
+        self.run.append_step_row(
+            dict(
+                step=self.step,
+                epoch=self.run.epoch_of(self.step),
+                loss=round(window_loss, 6),
+                accuracy=round(window_acc, 6),
+                learning_rate=lr,
+                tokens_per_sec=round(self._speed, 1) if self._speed is not None else "",
+                elapsed_sec=round(time.perf_counter() - self.run.start_time, 2),
+            )
+        )
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
@@ -221,8 +227,10 @@ class RunMonitor(keras.callbacks.Callback):
         for key in ("val_tokens", "val_sequences"):
             logs.pop(key, None)
         if "val_loss" in logs:
-            self.last_validation = (self.step, {k: float(logs[f"val_{k}"]) for k in ("loss", "accuracy")
-                                                if f"val_{k}" in logs})
+            self.last_validation = (
+                self.step,
+                {k: float(logs[f"val_{k}"]) for k in ("loss", "accuracy") if f"val_{k}" in logs},
+            )
         if self.validator is not None and self.validator.latest is not None:
             logs["val_bleu"] = self.validator.latest[1]
 

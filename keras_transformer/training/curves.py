@@ -30,8 +30,10 @@ def plot_curves(run_dir, output=None):
     image_format = os.path.splitext(output)[1][1:].lower() or "png"
     formats = FigureCanvasBase.get_supported_filetypes()
     if image_format not in formats:
-        raise ValueError(f"plot_curves: cannot write {output}: .{image_format} is not an image format matplotlib "
-                         f"writes ({', '.join('.' + f for f in sorted(formats))}).")
+        raise ValueError(
+            f"plot_curves: cannot write {output}: .{image_format} is not an image format matplotlib "
+            f"writes ({', '.join('.' + f for f in sorted(formats))})."
+        )
     steps = read_csv(os.path.join(run_dir, STEPS_FILENAME))
     epochs = read_csv(os.path.join(run_dir, HISTORY_FILENAME))
     if not steps and not epochs:
@@ -43,9 +45,10 @@ def plot_curves(run_dir, output=None):
         points = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
         if points:
             ax.plot(*zip(*points), label="train (mean of each --log-every steps)", color="tab:blue", linewidth=1)
-        for prefix, label, style in (("", "train (epoch mean)", dict(color="tab:blue", marker="o", linestyle="none",
-                                                                         alpha=0.5)),
-                                     ("val_", "validation", dict(color="tab:orange", marker="o"))):
+        for prefix, label, style in (
+            ("", "train (epoch mean)", dict(color="tab:blue", marker="o", linestyle="none", alpha=0.5)),
+            ("val_", "validation", dict(color="tab:orange", marker="o")),
+        ):
             pts = [(_float(r.get("step")), _float(r.get(prefix + key))) for r in epochs]
             pts = [(x, y) for x, y in pts if x is not None and y is not None]
             if pts:

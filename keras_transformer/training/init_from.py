@@ -74,8 +74,12 @@ def load_initial_weights(model, init_dir, resume_optimizer):
             state = json.load(f)
         path = os.path.join(init_dir, BACKUP_DIR, state["weights"])
         model.load_weights(path)
-        check_optimizer_loaded(model, state.get("iterations"), path,
-                               f"use the --ema of {init_dir} (its config.json), or leave out --resume-optimizer")
+        check_optimizer_loaded(
+            model,
+            state.get("iterations"),
+            path,
+            f"use the --ema of {init_dir} (its config.json), or leave out --resume-optimizer",
+        )
         return f"weights and optimizer state of step {state['step']}"
     source, _ = load_run(init_dir, dtype="float32")
     model.set_weights(source.get_weights())

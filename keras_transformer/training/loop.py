@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -154,7 +154,8 @@ def _prepare_data(state):
     if args.validation_split:
         _check_validation_files(spec, args)
     state.tokenizer = get_or_train_tokenizer(
-        run.run_dir, lambda: spec.training_texts(args.src, args.tgt), state.model_config.vocab_size)
+        run.run_dir, lambda: spec.training_texts(args.src, args.tgt), state.model_config.vocab_size
+    )
     # A tfds split's files in another order for each resume: its stream starts elsewhere.
     text = spec.load("train", args.src, args.tgt, shuffle_seed=args.seed + state.start_step)
     state.training_data = TrainingData(args, state.tokenizer, text, num_replicas, max_length)
@@ -168,9 +169,18 @@ def _prepare_data(state):
         state.validation = state.training_data.validation(validation_text)
         if args.validate_bleu_every:
             sources, references = read_validation_texts(validation_text)
-            state.validator = ValidationBleu(run, state.tokenizer, sources, references, args.validate_bleu_every,
-                                             args.bleu_search, args.keep_best, args.early_stopping_patience,
-                                             lang=args.tgt, start_step=state.start_step)
+            state.validator = ValidationBleu(
+                run,
+                state.tokenizer,
+                sources,
+                references,
+                args.validate_bleu_every,
+                args.bleu_search,
+                args.keep_best,
+                args.early_stopping_patience,
+                lang=args.tgt,
+                start_step=state.start_step,
+            )
 
 
 def _check_validation_files(spec, args):
@@ -192,10 +202,16 @@ def _steps_per_epoch(state, num_replicas):
     args, training_data = state.args, state.training_data
     if saved_data:
         if saved_data.get("batch_multiple") != num_replicas:
-            print(f"Batch sizes are now multiples of {num_replicas} (were {saved_data.get('batch_multiple')}): "
-                  "the batches after the resume differ from those of the original run.", flush=True)
-        elif not (training_data.streamed and args.steps_per_epoch
-                  and args.steps_per_epoch != saved_data.get("steps_per_epoch")):
+            print(
+                f"Batch sizes are now multiples of {num_replicas} (were {saved_data.get('batch_multiple')}): "
+                "the batches after the resume differ from those of the original run.",
+                flush=True,
+            )
+        elif not (
+            training_data.streamed
+            and args.steps_per_epoch
+            and args.steps_per_epoch != saved_data.get("steps_per_epoch")
+        ):
             if saved_data.get("steps_per_epoch"):
                 return saved_data["steps_per_epoch"]
     return training_data.batches_per_epoch()
@@ -207,14 +223,32 @@ def _record_options(state):
     if not run.is_chief:
         return
     num_replicas = state.strategy.num_replicas_in_sync
-    data = {"spec": args.data, "src": args.src, "tgt": args.tgt, "steps_per_epoch": state.steps_per_epoch,
-            "total_steps": state.total_steps, "num_replicas": num_replicas,
-            "batch_multiple": args.batch_multiple or num_replicas, "streamed": state.training_data.streamed}
+    data = {
+        "spec": args.data,
+        "src": args.src,
+        "tgt": args.tgt,
+        "steps_per_epoch": state.steps_per_epoch,
+        "total_steps": state.total_steps,
+        "num_replicas": num_replicas,
+        "batch_multiple": args.batch_multiple or num_replicas,
+        "streamed": state.training_data.streamed,
+    }
     if state.saved is None:
-        atomic_write_text(os.path.join(run.run_dir, CONFIG_FILENAME), json.dumps({
-            "model": state.model_config.to_dict(), "training": args.to_dict(), "data": data,
-            "precision": state.precision, "tokenizer": "spm.model", "final_model": MODEL_FILENAME,
-        }, indent=2, sort_keys=True))
+        atomic_write_text(
+            os.path.join(run.run_dir, CONFIG_FILENAME),
+            json.dumps(
+                {
+                    "model": state.model_config.to_dict(),
+                    "training": args.to_dict(),
+                    "data": data,
+                    "precision": state.precision,
+                    "tokenizer": "spm.model",
+                    "final_model": MODEL_FILENAME,
+                },
+                indent=2,
+                sort_keys=True,
+            ),
+        )
         return
     first = state.saved.get("training", {})
     changed = {k: v for k, v in args.to_dict().items() if first.get(k, v) != v}
@@ -228,9 +262,13 @@ def _build_model(state):
     with strategy.scope():
         model = Transformer(state.model_config)
         model.compile(
-            optimizer=create_optimizer(state.model_config.d_model, args.warmup_steps, args.lr_scale,
-                                       cooldown=args.cooldown > 0,
-                                       **(dict(use_ema=True, ema_momentum=args.ema) if args.ema else {})),
+            optimizer=create_optimizer(
+                state.model_config.d_model,
+                args.warmup_steps,
+                args.lr_scale,
+                cooldown=args.cooldown > 0,
+                **(dict(use_ema=True, ema_momentum=args.ema) if args.ema else {}),
+            ),
             metrics=[MaskedAccuracy()] + run_callbacks.count_metrics(),
             jit_compile=bool(args.xla),
             steps_per_execution=args.steps_per_execution,
@@ -247,8 +285,9 @@ def _build_model(state):
     if state.backup is not None:
         with strategy.scope():
             model.load_weights(state.backup[1])
-        check_optimizer_loaded(model, state.backup[3], state.backup[1],
-                               "continue the run with the options it was started with")
+        check_optimizer_loaded(
+            model, state.backup[3], state.backup[1], "continue the run with the options it was started with"
+        )
         print(f"resumed from step {state.start_step}", flush=True)
         logger.info("Resumed %s from step %d (%s)", state.run.run_dir, state.start_step, state.backup[1])
     state.model = model
@@ -272,9 +311,12 @@ def _fit(state, callbacks):
     all_callbacks = [monitor]
     if args.cooldown:
         all_callbacks.append(run_callbacks.LinearCooldown(run, monitor, total, args.cooldown))
-    all_callbacks += [keras.callbacks.TerminateOnNaN(),
-                     run_callbacks.FixedColumnsCSVLogger(run.path(HISTORY_FILENAME), state.validation is not None,
-                                                         with_bleu=state.validator is not None)]
+    all_callbacks += [
+        keras.callbacks.TerminateOnNaN(),
+        run_callbacks.FixedColumnsCSVLogger(
+            run.path(HISTORY_FILENAME), state.validation is not None, with_bleu=state.validator is not None
+        ),
+    ]
     if run_callbacks.tensorboard_available():
         all_callbacks.append(run_callbacks.GlobalStepTensorBoard(run.path(LOG_DIR), args.log_every, monitor))
     else:
@@ -286,8 +328,11 @@ def _fit(state, callbacks):
         all_callbacks += [run_callbacks.ValidateWithEMA(), keeper]
     all_callbacks += list(callbacks) + [run_callbacks.EpochEndBackup(monitor)]
     if not to_train:
-        reason = (f"Run already used its time budget of {args.time_budget:g} min (step {start})" if budget_spent
-                  else f"Run already trained to step {start} (>= {total})")
+        reason = (
+            f"Run already used its time budget of {args.time_budget:g} min (step {start})"
+            if budget_spent
+            else f"Run already trained to step {start} (>= {total})"
+        )
         print(f"{reason}; nothing to train.", flush=True)
         return monitor
     for initial_epoch, epochs, per_epoch in _fit_plan(start, total, state.steps_per_epoch, args.steps_per_execution):
@@ -298,27 +343,42 @@ def _fit(state, callbacks):
         batches = state.training_data.batches(monitor.step, state.steps_per_epoch, count)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            model.fit(batches, initial_epoch=initial_epoch,
-                      epochs=epochs, steps_per_epoch=per_epoch, shuffle=False, validation_data=state.validation,
-                      validation_freq=args.validate_every, callbacks=all_callbacks, verbose=args.verbose)
+            model.fit(
+                batches,
+                initial_epoch=initial_epoch,
+                epochs=epochs,
+                steps_per_epoch=per_epoch,
+                shuffle=False,
+                validation_data=state.validation,
+                validation_freq=args.validate_every,
+                callbacks=all_callbacks,
+                verbose=args.verbose,
+            )
         if monitor.stopped_on_nan or monitor.out_of_time or monitor.early_stopped or monitor.step >= total:
             break
         if args.ema:
             keeper.restore()
     if monitor.out_of_time and monitor.step < total:
-        print(f"Time budget of {args.time_budget:g} min reached at step {monitor.step} "
-              f"({run.training_seconds() / 60:.1f} min of training).", flush=True)
+        print(
+            f"Time budget of {args.time_budget:g} min reached at step {monitor.step} "
+            f"({run.training_seconds() / 60:.1f} min of training).",
+            flush=True,
+        )
     if monitor.stopped_on_nan:
-        print(f"Training stopped at step {monitor.step}: the loss is NaN (TerminateOnNaN); no model.keras "
-              "written. Try a lower --lr-scale or float32.", flush=True)
+        print(
+            f"Training stopped at step {monitor.step}: the loss is NaN (TerminateOnNaN); no model.keras "
+            "written. Try a lower --lr-scale or float32.",
+            flush=True,
+        )
     return monitor
 
 
 def _print_plan(state):
     args, model = state.args, state.model
     n_params = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    shown = (f"{state.precision}: --precision auto, {state.precision_reason}" if state.precision_reason
-             else state.precision)
+    shown = (
+        f"{state.precision}: --precision auto, {state.precision_reason}" if state.precision_reason else state.precision
+    )
     budget = f" or {args.time_budget:g} min of training" if args.time_budget is not None else ""
     print(
         f"Training {args.preset} model ({n_params:,} parameters, {shown}) on {args.data} "
@@ -344,8 +404,10 @@ def _finish(state, monitor):
         print(f"Final weights: the exponential moving average (decay {args.ema:g}).", flush=True)
     if averaged:
         final.set_weights(average_checkpoints(chosen, final))
-        print(f"Averaged the last {len(chosen)} checkpoints: "
-              + ", ".join(os.path.basename(p) for p in chosen), flush=True)
+        print(
+            f"Averaged the last {len(chosen)} checkpoints: " + ", ".join(os.path.basename(p) for p in chosen),
+            flush=True,
+        )
     else:
         final.set_weights(state.model.get_weights())
     final.compile()
@@ -358,23 +420,36 @@ def _finish(state, monitor):
                 warnings.filterwarnings("ignore", message="Your input ran out of data")
                 logs = final.evaluate(state.validation, verbose=0, return_dict=True)
             val_metrics = {k: float(logs[k]) for k in ("loss", "accuracy") if k in logs}
-        print("Final model on the validation set: "
-              + ", ".join(f"{k} {v:.4f}" for k, v in val_metrics.items()), flush=True)
+        print(
+            "Final model on the validation set: " + ", ".join(f"{k} {v:.4f}" for k, v in val_metrics.items()),
+            flush=True,
+        )
     if not monitor.stopped_on_nan:
         tmp = run.path(f"tmp-{os.getpid()}-{MODEL_FILENAME}")
         final.save(tmp)
         os.replace(tmp, run.path(MODEL_FILENAME))
     curves = plot_curves(run.out_dir)
     if run.is_chief:
-        print(f"Run directory {run.run_dir}: {MODEL_FILENAME}, {CHECKPOINT_DIR}/, {HISTORY_FILENAME}, "
-              f"{LOG_DIR}/" + (f", {CURVES_FILENAME}" if curves else ""), flush=True)
+        print(
+            f"Run directory {run.run_dir}: {MODEL_FILENAME}, {CHECKPOINT_DIR}/, {HISTORY_FILENAME}, "
+            f"{LOG_DIR}/" + (f", {CURVES_FILENAME}" if curves else ""),
+            flush=True,
+        )
     speed = monitor.timed_tokens / monitor.timed_seconds if monitor.timed_seconds > 0 else None
     validator = state.validator
     return TrainingResult(
-        run_dir=run.run_dir, model=final, tokenizer=state.tokenizer, step=step, resumed_from=state.start_step,
-        history=read_csv(run.path(HISTORY_FILENAME)), val_metrics=val_metrics, tokens_per_sec=speed,
-        stopped_on_nan=monitor.stopped_on_nan, early_stopped=monitor.early_stopped,
-        val_bleu=validator.latest if validator else None, best_val_bleu=validator.best if validator else None,
+        run_dir=run.run_dir,
+        model=final,
+        tokenizer=state.tokenizer,
+        step=step,
+        resumed_from=state.start_step,
+        history=read_csv(run.path(HISTORY_FILENAME)),
+        val_metrics=val_metrics,
+        tokens_per_sec=speed,
+        stopped_on_nan=monitor.stopped_on_nan,
+        early_stopped=monitor.early_stopped,
+        val_bleu=validator.latest if validator else None,
+        best_val_bleu=validator.best if validator else None,
         is_chief=run.is_chief,
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import Any
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 # "auto": the fastest of PRECISIONS on this machine (`training.strategy.auto_precision`).
@@ -16,8 +16,22 @@ PRECISION_CHOICES = ("auto",) + PRECISIONS
 
 # Options whose change would make a resumed run a different experiment: a
 # resume with another value is refused (the model config is compared too).
-RESUME_FIXED = ("data", "src", "tgt", "vocab_size", "batch_tokens", "pad_to_multiple_of", "seed", "batch_multiple",
-                "max_length", "warmup_steps", "lr_scale", "cooldown", "precision", "ema")
+RESUME_FIXED = (
+    "data",
+    "src",
+    "tgt",
+    "vocab_size",
+    "batch_tokens",
+    "pad_to_multiple_of",
+    "seed",
+    "batch_multiple",
+    "max_length",
+    "warmup_steps",
+    "lr_scale",
+    "cooldown",
+    "precision",
+    "ema",
+)
 # What a run recorded without an option had: its value then, for the resume check.
 RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8}
 
@@ -120,15 +134,15 @@ class TrainingArgs:
     preset: str = "small"
     overrides: dict = dataclasses.field(default_factory=dict)
     vocab_size: int = 8000
-    max_length: Optional[int] = None
+    max_length: int | None = None
     batch_tokens: int = 4096
     pad_to_multiple_of: int = 8
-    validation_split: Optional[str] = "val"
+    validation_split: str | None = "val"
     subword_sampling: float = 0.0
-    epochs: Optional[int] = None
-    max_steps: Optional[int] = None
-    steps_per_epoch: Optional[int] = None
-    time_budget: Optional[float] = None
+    epochs: int | None = None
+    max_steps: int | None = None
+    steps_per_epoch: int | None = None
+    time_budget: float | None = None
     warmup_steps: int = 4000
     lr_scale: float = 1.0
     cooldown: float = 0.0
@@ -138,30 +152,39 @@ class TrainingArgs:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 5
     average_last: int = 0
-    average_fraction: Optional[float] = None
-    ema: Optional[float] = None
+    average_fraction: float | None = None
+    ema: float | None = None
     validate_every: int = 1
-    validate_bleu_every: Optional[int] = None
+    validate_bleu_every: int | None = None
     bleu_search: str = "greedy"
     keep_best: bool = False
-    early_stopping_patience: Optional[int] = None
+    early_stopping_patience: int | None = None
     log_every: int = 10
     steps_per_execution: int = 1
-    batch_multiple: Optional[int] = None
+    batch_multiple: int | None = None
     verbose: Any = "auto"
-    init_from: Optional[str] = None
+    init_from: str | None = None
     resume_optimizer: bool = False
 
     def __post_init__(self):
         if self.precision not in PRECISION_CHOICES:
             raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}.")
         if self.time_budget is not None and not (
-            isinstance(self.time_budget, (int, float)) and not isinstance(self.time_budget, bool)
+            isinstance(self.time_budget, (int, float))
+            and not isinstance(self.time_budget, bool)
             and self.time_budget > 0
         ):
             raise ValueError(f"time_budget must be a positive number of minutes or None, got {self.time_budget!r}.")
-        for name in ("vocab_size", "batch_tokens", "pad_to_multiple_of", "warmup_steps", "checkpoint_every",
-                     "validate_every", "log_every", "steps_per_execution"):
+        for name in (
+            "vocab_size",
+            "batch_tokens",
+            "pad_to_multiple_of",
+            "warmup_steps",
+            "checkpoint_every",
+            "validate_every",
+            "log_every",
+            "steps_per_execution",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -176,11 +199,20 @@ class TrainingArgs:
         if self.bleu_search not in ("greedy", "beam"):
             raise ValueError(f"bleu_search must be 'greedy' or 'beam', got {self.bleu_search!r}.")
         if (self.keep_best or self.early_stopping_patience) and not self.validate_bleu_every:
-            raise ValueError("keep_best and early_stopping_patience need validate_bleu_every (--validate-bleu-every N).")
+            raise ValueError(
+                "keep_best and early_stopping_patience need validate_bleu_every (--validate-bleu-every N)."
+            )
         if self.validate_bleu_every and not self.validation_split:
             raise ValueError("validate_bleu_every needs a validation split (--validation-split).")
-        for name in ("epochs", "max_steps", "steps_per_epoch", "max_length", "batch_multiple", "validate_bleu_every",
-                     "early_stopping_patience"):
+        for name in (
+            "epochs",
+            "max_steps",
+            "steps_per_epoch",
+            "max_length",
+            "batch_multiple",
+            "validate_bleu_every",
+            "early_stopping_patience",
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
@@ -188,14 +220,18 @@ class TrainingArgs:
             raise ValueError("keep_checkpoints must be >= 1 and average_last >= 0.")
         if isinstance(self.subword_sampling, bool) or not 0.0 <= self.subword_sampling <= 1.0:
             raise ValueError(f"subword_sampling must be in [0, 1], got {self.subword_sampling!r}.")
-        if self.average_fraction is not None and (isinstance(self.average_fraction, bool)
-                                                  or not 0.0 < self.average_fraction <= 1.0):
-            raise ValueError(f"average_fraction must be a fraction of the run in (0, 1] or None, "
-                             f"got {self.average_fraction!r}.")
+        if self.average_fraction is not None and (
+            isinstance(self.average_fraction, bool) or not 0.0 < self.average_fraction <= 1.0
+        ):
+            raise ValueError(
+                f"average_fraction must be a fraction of the run in (0, 1] or None, got {self.average_fraction!r}."
+            )
         if self.average_fraction is not None and self.average_last <= 1:
-            raise ValueError(f"average_fraction ({self.average_fraction!r}) chooses among the checkpoints that "
-                             f"average_last > 1 averages, and average_last is {self.average_last}: set "
-                             "average_last (--average-last K) or average_fraction None (--average-fraction none).")
+            raise ValueError(
+                f"average_fraction ({self.average_fraction!r}) chooses among the checkpoints that "
+                f"average_last > 1 averages, and average_last is {self.average_last}: set "
+                "average_last (--average-last K) or average_fraction None (--average-fraction none)."
+            )
         if isinstance(self.cooldown, bool) or not 0.0 <= self.cooldown <= 1.0:
             raise ValueError(f"cooldown must be a fraction of the run in [0, 1], got {self.cooldown!r}.")
         if not self.lr_scale > 0:
@@ -212,7 +248,9 @@ class TrainingArgs:
         """The `TransformerConfig` of the preset with the overrides (and `max_length`)."""
         from keras_transformer.config import TransformerConfig
 
-        return TransformerConfig.from_preset(self.preset, vocab_size or self.vocab_size, **self.model_config_overrides())
+        return TransformerConfig.from_preset(
+            self.preset, vocab_size or self.vocab_size, **self.model_config_overrides()
+        )
 
     def to_dict(self):
         return dataclasses.asdict(self)
@@ -252,10 +290,10 @@ class TrainingResult:
     step: int
     resumed_from: int
     history: list
-    val_metrics: Optional[dict]
-    tokens_per_sec: Optional[float]
+    val_metrics: dict | None
+    tokens_per_sec: float | None
     stopped_on_nan: bool = False
     early_stopped: bool = False
-    val_bleu: Optional[tuple] = None
-    best_val_bleu: Optional[tuple] = None
+    val_bleu: tuple | None = None
+    best_val_bleu: tuple | None = None
     is_chief: bool = True

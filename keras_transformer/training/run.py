@@ -80,9 +80,18 @@ class Run:
         os.replace(tmp, os.path.join(backup, name))
         # The optimizer's updates, to check that a resume loaded its state (`check_optimizer_loaded`).
         iterations = int(model.optimizer.iterations.numpy())
-        atomic_write_text(os.path.join(backup, "state.json"), json.dumps(
-            {"step": step, "weights": name, "training_seconds": round(self.training_seconds(), 3),
-             "iterations": iterations}, indent=2))
+        atomic_write_text(
+            os.path.join(backup, "state.json"),
+            json.dumps(
+                {
+                    "step": step,
+                    "weights": name,
+                    "training_seconds": round(self.training_seconds(), 3),
+                    "iterations": iterations,
+                },
+                indent=2,
+            ),
+        )
         for old in glob.glob(os.path.join(backup, "state-*.weights.h5")) + glob.glob(os.path.join(backup, "tmp-*")):
             if os.path.basename(old) != name:
                 try:
@@ -105,8 +114,12 @@ class Run:
                     state = json.load(f)
                 weights = os.path.join(backup, state["weights"])
                 if os.path.exists(weights):
-                    return (int(state["step"]), weights, float(state.get("training_seconds", 0.0)),
-                            state.get("iterations"))
+                    return (
+                        int(state["step"]),
+                        weights,
+                        float(state.get("training_seconds", 0.0)),
+                        state.get("iterations"),
+                    )
         return None
 
     # -- logs -----------------------------------------------------------------

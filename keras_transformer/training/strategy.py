@@ -43,8 +43,7 @@ def get_strategy():
 BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 # Values of oneDNN's ONEDNN_MAX_CPU_ISA (older name DNNL_MAX_CPU_ISA) below AVX512_CORE_BF16, its first
 # instruction set with bfloat16 dot products: under such a cap oneDNN emulates bfloat16 whatever the CPU has.
-ONEDNN_ISAS_WITHOUT_BFLOAT16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
-                                "AVX512_CORE_VNNI")
+ONEDNN_ISAS_WITHOUT_BFLOAT16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
 
 
 def cpuinfo_value(key, cpuinfo_path="/proc/cpuinfo"):
@@ -153,9 +152,11 @@ def strategy_worker(strategy):
 def check_time_budget(args, strategy):
     """Workers timing themselves would stop at different steps and leave the others waiting."""
     if args.time_budget is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        raise ValueError("--time-budget is not supported with MultiWorkerMirroredStrategy (TF_CONFIG): each "
-                         "worker would stop at its own step. Pass --time-budget none and use --max-steps or "
-                         "--epochs.")
+        raise ValueError(
+            "--time-budget is not supported with MultiWorkerMirroredStrategy (TF_CONFIG): each "
+            "worker would stop at its own step. Pass --time-budget none and use --max-steps or "
+            "--epochs."
+        )
 
 
 def check_batch_multiple(batch_multiple, num_replicas):

@@ -22,6 +22,7 @@ from keras_transformer import data
 
 logger = logging.getLogger(__name__)
 
+
 def materialize(dataset):
     """A `(source_text, target_text)` dataset as two `tf.string` tensors."""
     sources, targets = [], []
@@ -51,17 +52,22 @@ def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_repl
     counts = np.zeros(len(boundaries), np.int64)
     chunk = 8192
     for start in range(0, int(src.shape[0]), chunk):
-        s_len = tokenizer.tokenize(src[start:start + chunk]).row_lengths().numpy() + 1
-        t_len = tokenizer.tokenize(tgt[start:start + chunk]).row_lengths().numpy() + 1
+        s_len = tokenizer.tokenize(src[start : start + chunk]).row_lengths().numpy() + 1
+        t_len = tokenizer.tokenize(tgt[start : start + chunk]).row_lengths().numpy() + 1
         fits = (s_len <= max_length) & (t_len <= max_length)
         length = np.maximum(s_len, t_len)[fits]
         bucket = np.searchsorted(np.asarray(boundaries), length, side="left")
         counts += np.bincount(bucket, minlength=len(boundaries))
     total = int(src.shape[0])
     if counts.sum() < total:
-        logger.warning("%d of %d training pairs (%.2f%%) have a side longer than max_length %d tokens (with the end "
-                       "or start token) and are left out of training.", total - counts.sum(), total,
-                       100.0 * (total - counts.sum()) / total, max_length)
+        logger.warning(
+            "%d of %d training pairs (%.2f%%) have a side longer than max_length %d tokens (with the end "
+            "or start token) and are left out of training.",
+            total - counts.sum(),
+            total,
+            100.0 * (total - counts.sum()) / total,
+            max_length,
+        )
     return data.whole_batches(counts, sizes)
 
 
@@ -98,8 +104,9 @@ class TrainingData:
         # here, so a pass has more batches than this count: Keras' epochs end
         # before the end of a pass, "epochs" count steps rather than passes,
         # and a resumed run continues at an approximate place with new samples.
-        return count_batches_per_epoch(self.tensors, self.tokenizer, self.args.batch_tokens,
-                                       self.max_length, self.num_replicas, self.boundaries)
+        return count_batches_per_epoch(
+            self.tensors, self.tokenizer, self.args.batch_tokens, self.max_length, self.num_replicas, self.boundaries
+        )
 
     def _shuffled_pairs(self, seed, index):
         """The pairs in memory in the random order number `index` of `seed`."""
@@ -112,9 +119,15 @@ class TrainingData:
         pairs = self._shuffled_pairs(self.args.seed, epoch)
         # One pool per pass: every pass has exactly whole_batches(n, sizes) batches.
         return data.make_batches(
-            pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
-            bucket_boundaries=self.boundaries, shuffle=False, num_replicas=self.num_replicas,
-            drop_remainder=True, pool_size=self.num_pairs,
+            pairs,
+            self.tokenizer,
+            batch_tokens=self.args.batch_tokens,
+            max_length=self.max_length,
+            bucket_boundaries=self.boundaries,
+            shuffle=False,
+            num_replicas=self.num_replicas,
+            drop_remainder=True,
+            pool_size=self.num_pairs,
             sampling_alpha=self.args.subword_sampling,
         )
 
@@ -136,9 +149,16 @@ class TrainingData:
                 # stream would start with the corpus's first pairs.
                 pairs = tf.data.Dataset.range(2**62).flat_map(functools.partial(self._shuffled_pairs, seed))
             dataset = data.make_batches(
-                pairs, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
-                bucket_boundaries=self.boundaries, shuffle=not in_memory, seed=seed,
-                num_replicas=self.num_replicas, repeat=not in_memory, drop_remainder=True,
+                pairs,
+                self.tokenizer,
+                batch_tokens=self.args.batch_tokens,
+                max_length=self.max_length,
+                bucket_boundaries=self.boundaries,
+                shuffle=not in_memory,
+                seed=seed,
+                num_replicas=self.num_replicas,
+                repeat=not in_memory,
+                drop_remainder=True,
                 sampling_alpha=self.args.subword_sampling,
             )
         else:
@@ -176,8 +196,14 @@ class TrainingData:
         has nothing to wind down, and a known length.
         """
         dataset = data.make_batches(
-            text, self.tokenizer, batch_tokens=self.args.batch_tokens, max_length=self.max_length,
-            bucket_boundaries=self.boundaries, shuffle=False, num_replicas=self.num_replicas, drop_remainder=False,
+            text,
+            self.tokenizer,
+            batch_tokens=self.args.batch_tokens,
+            max_length=self.max_length,
+            bucket_boundaries=self.boundaries,
+            shuffle=False,
+            num_replicas=self.num_replicas,
+            drop_remainder=False,
         )
         batches = [tf.data.Dataset.from_tensors(batch) for batch in dataset]
         if not batches:

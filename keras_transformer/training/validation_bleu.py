@@ -64,8 +64,19 @@ class ValidationBleu:
             rows of `bleu.csv` up to it (None: all its rows).
     """
 
-    def __init__(self, run, tokenizer, sources, references, every, search="greedy", keep_best=False,
-                 patience=None, lang="de", start_step=None):
+    def __init__(
+        self,
+        run,
+        tokenizer,
+        sources,
+        references,
+        every,
+        search="greedy",
+        keep_best=False,
+        patience=None,
+        lang="de",
+        start_step=None,
+    ):
         if search not in SEARCHES:
             raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {search!r}.")
         self.run = run
@@ -102,8 +113,11 @@ class ValidationBleu:
         self._log(step, bleu, seconds)
         stop = self.patience is not None and self.without_improvement >= self.patience
         if stop:
-            print(f"Early stopping at step {step}: no better validation BLEU in {self.patience} validations "
-                  f"(best {self.best[1]:.2f} at step {self.best[0]}).", flush=True)
+            print(
+                f"Early stopping at step {step}: no better validation BLEU in {self.patience} validations "
+                f"(best {self.best[1]:.2f} at step {self.best[0]}).",
+                flush=True,
+            )
         return stop
 
     def _count(self, step, bleu):
@@ -127,8 +141,10 @@ class ValidationBleu:
     def _save_best(self, model, step, bleu):
         directory = self.run.path(CHECKPOINT_DIR)
         save_model_weights(model, os.path.join(directory, BEST_WEIGHTS_FILENAME))
-        atomic_write_text(os.path.join(directory, BEST_INFO_FILENAME),
-                          json.dumps({"step": step, "bleu": bleu, "search": self.search}, indent=2))
+        atomic_write_text(
+            os.path.join(directory, BEST_INFO_FILENAME),
+            json.dumps({"step": step, "bleu": bleu, "search": self.search}, indent=2),
+        )
 
     def _read_scores(self, start_step):
         """`(step, bleu)` of the rows of `bleu.csv` up to `start_step` (None: all), in order.
@@ -136,8 +152,7 @@ class ValidationBleu:
         Only the chief writes `bleu.csv`: the other workers read its file, so
         that early stopping stops them all at the same step.
         """
-        path = (self.run.path(BLEU_FILENAME) if self.run.is_chief
-                else os.path.join(self.run.run_dir, BLEU_FILENAME))
+        path = self.run.path(BLEU_FILENAME) if self.run.is_chief else os.path.join(self.run.run_dir, BLEU_FILENAME)
         if not os.path.exists(path):
             return []
         scores = []
@@ -153,8 +168,11 @@ class ValidationBleu:
 
     def _log(self, step, bleu, seconds):
         best_step, best_bleu = self.best
-        print(f"\nstep {step}: validation BLEU {bleu:.2f} ({self.search}, {len(self.sources)} sentences, "
-              f"{seconds:.0f} s); best {best_bleu:.2f} at step {best_step}", flush=True)
+        print(
+            f"\nstep {step}: validation BLEU {bleu:.2f} ({self.search}, {len(self.sources)} sentences, "
+            f"{seconds:.0f} s); best {best_bleu:.2f} at step {best_step}",
+            flush=True,
+        )
         if not self.run.is_chief:
             return
         path = self.run.path(BLEU_FILENAME)
