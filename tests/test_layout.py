@@ -1,12 +1,10 @@
 """The package's layout: the paper's model stands alone, the pipeline sits beside it.
 
 - Importing the model (and building one) loads nothing of the pipeline
-  (`data`, `training`, `inference`, `cli`, `run_dir`, the deprecated paths)
+  (`data`, `training`, `inference`, `cli`, `run_dir`)
   and none of its libraries (tensorflow-text, SentencePiece, TFDS, sacreBLEU).
 - `keras-transformer --help` and every `keras-transformer COMMAND --help`
   answer without those libraries.
-- The old module paths still work for one release: they warn, naming the
-  new path, and give the very same objects.
 - The modules import each other without cycles and stay under 500 lines.
 - Each special id and decoding default is defined in exactly one module.
 
@@ -15,13 +13,11 @@ whatever the other tests loaded), compared with one that imports only Keras.
 """
 
 import ast
-import importlib
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import warnings
 
 import pytest
 
@@ -33,24 +29,13 @@ PACKAGE = "keras_transformer"
 TIMEOUT = 900  # a ceiling that only catches hangs, not a speed requirement
 MAX_MODULE_LINES = 500
 
-# Old module path -> new module path (the old ones are deprecation shims).
-MOVED_MODULES = {
-    "keras_transformer.tokenizer": "keras_transformer.data.tokenizer",
-    "keras_transformer.datasets": "keras_transformer.data.corpora",
-    "keras_transformer.distribute": "keras_transformer.training.strategy",
-    "keras_transformer.translator": "keras_transformer.inference.translator",
-    "keras_transformer.export": "keras_transformer.inference.saved_model",
-    "keras_transformer.export_ctranslate2": "keras_transformer.inference.ctranslate2",
-    "keras_transformer.attention_maps": "keras_transformer.inference.attention_maps",
-    "keras_transformer.evaluation": "keras_transformer.inference.evaluation",
-}
-
-# Names that moved from `keras_transformer.training` to the command line package.
-MOVED_TRAINING_NAMES = ("add_training_arguments", "args_from_namespace")
-
-PIPELINE_PACKAGES = ("keras_transformer.data", "keras_transformer.training", "keras_transformer.inference",
-                     "keras_transformer.cli")
-PIPELINE_MODULES = ("keras_transformer.run_dir", *MOVED_MODULES)
+PIPELINE_PACKAGES = (
+    "keras_transformer.data",
+    "keras_transformer.training",
+    "keras_transformer.inference",
+    "keras_transformer.cli",
+)
+PIPELINE_MODULES = ("keras_transformer.run_dir",)
 PIPELINE_LIBRARIES = ("tensorflow_text", "sentencepiece", "tensorflow_datasets", "sacrebleu")
 CLI_FORBIDDEN_LIBRARIES = (*PIPELINE_LIBRARIES, "ctranslate2", "sacremoses")
 
@@ -62,12 +47,13 @@ MARKER = "@@MODULES@@"
 def loaded_modules(code):
     """Runs `code` in a fresh interpreter; returns the JSON it prints after MARKER."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=str(ROOT), timeout=TIMEOUT)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=TIMEOUT
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for line in done.stdout.splitlines():
         if line.startswith(MARKER):
-            return json.loads(line[len(MARKER):])
+            return json.loads(line[len(MARKER) :])
     raise AssertionError(f"no module list in the output:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
@@ -93,8 +79,7 @@ def test_the_model_loads_nothing_of_the_pipeline(keras_modules):
         "from keras_transformer import layers, Transformer, TransformerConfig\n"
         "import keras_transformer.decoding\n"
         "model = Transformer(TransformerConfig.tiny(100, max_length=16))\n"
-        "out = model((np.ones((1, 5), 'int32'), np.ones((1, 4), 'int32')))\n"
-        + print_modules("list(out.shape)")
+        "out = model((np.ones((1, 5), 'int32'), np.ones((1, 4), 'int32')))\n" + print_modules("list(out.shape)")
     )
     modules = set(result["modules"])
     assert result["extra"] == [1, 4, 100]  # the model was built and run
@@ -114,15 +99,13 @@ def test_cli_help_loads_no_heavy_library(keras_modules):
         "    cli.main(['--help'])\n"
         "    code = 'returned'\n"
         "except SystemExit as e:\n"
-        "    code = e.code\n"
-        + print_modules("code")
+        "    code = e.code\n" + print_modules("code")
     )
     assert result["extra"] in (0, None)
     modules = set(result["modules"])
     assert matching(modules, CLI_FORBIDDEN_LIBRARIES) == []
     # matplotlib only as far as Keras itself loads it (none at all if Keras is not loaded).
     assert set(matching(modules, ["matplotlib"])) <= set(matching(keras_modules, ["matplotlib"]))
-    assert matching(modules, MOVED_MODULES) == []
 
 
 def test_every_command_help_exits_0():
@@ -149,8 +132,7 @@ def test_every_command_help_exits_0():
         "            cli.main([command, '--help'])\n"
         "        codes[command] = ['returned', out.getvalue()]\n"
         "    except SystemExit as e:\n"
-        "        codes[command] = [e.code, out.getvalue()]\n"
-        + print_modules("codes")
+        "        codes[command] = [e.code, out.getvalue()]\n" + print_modules("codes")
     )
     for command in COMMANDS:
         code, text = result["extra"][command]
@@ -159,85 +141,8 @@ def test_every_command_help_exits_0():
     assert matching(result["modules"], CLI_FORBIDDEN_LIBRARIES) == []
 
 
-def public_names(module):
-    names = getattr(module, "__all__", None)
-    if names is None:
-        names = [n for n in vars(module) if not n.startswith("_")]
-    return names
-
-
-@pytest.mark.parametrize("old, new", sorted(MOVED_MODULES.items()))
-def test_old_module_path_warns_and_gives_the_same_objects(old, new):
-    new_module = importlib.import_module(new)
-    saved_module = sys.modules.pop(old, None)
-    parent, _, attribute = old.rpartition(".")
-    parent_module = sys.modules[parent]
-    saved_attribute = vars(parent_module).get(attribute)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            old_module = importlib.import_module(old)
-    finally:
-        if saved_module is not None:
-            sys.modules[old] = saved_module
-        else:
-            sys.modules.pop(old, None)
-        if saved_attribute is not None:
-            setattr(parent_module, attribute, saved_attribute)
-        elif hasattr(parent_module, attribute):
-            delattr(parent_module, attribute)
-    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning) and old in str(w.message)]
-    assert len(deprecations) == 1, [str(w.message) for w in caught]
-    assert new in str(deprecations[0].message)
-    names = public_names(new_module)
-    assert names, new
-    for name in names:
-        assert getattr(old_module, name) is getattr(new_module, name), f"{old}.{name} is not {new}.{name}"
-
-
-def test_old_module_paths_fail_under_error_deprecation_warnings():
-    """In a fresh interpreter, with DeprecationWarning an error, the first import of each old path raises
-    it. (The new modules are imported first, with the default filters: TensorFlow's own warnings do not count.)"""
-    code = (
-        "import importlib, json, warnings\n"
-        f"for new in {sorted(MOVED_MODULES.values())!r}:\n"
-        "    importlib.import_module(new)\n"
-        "warnings.simplefilter('error', DeprecationWarning)\n"
-        "results = {}\n"
-        f"for old in {sorted(MOVED_MODULES)!r}:\n"
-        "    try:\n"
-        "        importlib.import_module(old)\n"
-        "        results[old] = 'imported'\n"
-        "    except DeprecationWarning as e:\n"
-        "        results[old] = str(e)\n"
-        f"print({MARKER!r} + json.dumps(results))\n"
-    )
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
-                          timeout=TIMEOUT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith(MARKER))
-    results = json.loads(line[len(MARKER):])
-    for old, new in MOVED_MODULES.items():
-        assert old in results[old] and new in results[old], (old, results[old])
-
-
-@pytest.mark.parametrize("name", MOVED_TRAINING_NAMES)
-def test_moved_training_names_warn_and_give_the_cli_objects(name):
-    from keras_transformer import training
-    from keras_transformer.cli import train as train_cli
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        value = getattr(training, name)
-    assert value is getattr(train_cli, name)
-    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert len(messages) == 1 and f"keras_transformer.cli.train.{name}" in messages[0], messages
-    with pytest.warns(DeprecationWarning, match=f"keras_transformer.cli.train.{name}"):
-        getattr(training, name)
-
-
 # The module graph, from the sources.
+
 
 def module_files():
     """{module name: path} of every module of the package."""
@@ -281,8 +186,9 @@ def import_graph():
                 else:
                     source = node.module
                 # `from pkg import name`: the module pkg.name if there is one, else pkg.
-                targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
-                           for alias in node.names]
+                targets = [
+                    f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names
+                ]
             edges.update(t for t in targets if t in modules and t != name)
         graph[name] = edges
     return graph
@@ -298,7 +204,7 @@ def find_cycle(graph):
         path.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                return path[path.index(target):] + [target]
+                return path[path.index(target) :] + [target]
             if target not in state:
                 cycle = visit(target)
                 if cycle:
@@ -332,8 +238,9 @@ def test_no_import_cycles():
 def test_the_model_imports_nothing_of_the_pipeline_in_its_sources():
     """Statically as well: no module of the paper's model imports a pipeline module, even lazily (inside a
     function). (`compat` may import tensorflow-text in its functions: the tokenizer calls them.)"""
-    model_modules = [name for name in module_files()
-                     if not name.startswith(PIPELINE_PACKAGES) and name not in PIPELINE_MODULES]
+    model_modules = [
+        name for name in module_files() if not name.startswith(PIPELINE_PACKAGES) and name not in PIPELINE_MODULES
+    ]
     offenders = []
     for name in model_modules:
         tree = ast.parse(module_files()[name].read_text(encoding="utf-8"))
@@ -370,6 +277,7 @@ SINGLE_DEFINITIONS = {
 
 def assigned_names(tree):
     """Every name bound by an assignment anywhere in the module (attributes by their last name)."""
+
     def names(target):
         if isinstance(target, ast.Name):
             yield target.id

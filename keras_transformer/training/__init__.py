@@ -47,7 +47,6 @@ Command line: `keras-transformer train ...` and
 """
 
 import importlib
-import warnings
 
 # Public names and the module that defines each. They are loaded on first
 # use, so that `keras_transformer.training.options` (which the command line
@@ -67,23 +66,12 @@ _EXPORTS = {
     "train": "keras_transformer.training.loop",
 }
 
-# Names that moved to the command line package (kept for one release).
-_MOVED_TO_CLI = {
-    "add_training_arguments": "keras_transformer.cli.train",
-    "args_from_namespace": "keras_transformer.cli.train",
-}
-
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    if name in _MOVED_TO_CLI:
-        module = _MOVED_TO_CLI[name]
-        warnings.warn(f"keras_transformer.training.{name} moved to {module}.{name}; the old name will be "
-                      "removed in the next release.", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
