@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ["README.md", "benchmarks/README.md", "saved_models/README.md"]
+DOCUMENTS = ["README.md", "benchmarks/README.md", "saved_models/README.md"] + sorted(
+    str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md")
+)
 
 # [text with a figure](path/to/results.json) or (...json#anchor)
 LINKED_JSON = re.compile(r"\[([^\]]+)\]\(([^)\s]+?\.json)(?:#[^)]*)?\)")
@@ -94,6 +96,23 @@ def test_every_linked_figure_is_in_its_results_file(document):
         if not any(matches(figure, value) for value in values):
             missing.append(f"{figure} (linked to {path.relative_to(ROOT)})")
     assert not missing, f"{document} quotes figures its linked files do not hold: {missing}"
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_relative_link_leads_to_a_file(document):
+    """Moving text between README.md and docs/ keeps its links: each relative link names an existing path."""
+    text = (ROOT / document).read_text(encoding="utf-8")
+    broken = []
+    for target in LINK.findall(text):
+        path = target.split("#")[0]
+        if not path or "://" in path or path.startswith("mailto:"):
+            continue
+        if not ((ROOT / document).parent / path).exists():
+            broken.append(target)
+    assert not broken, f"{document} links paths that do not exist: {broken}"
 
 
 def test_results_files_linked_from_the_readme_say_how_they_were_made():
