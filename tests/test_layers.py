@@ -19,7 +19,6 @@ from keras_transformer.layers import (
     SharedEmbedding,
     sinusoidal_encoding,
 )
-from keras_transformer.layers.position_wise import position_wise_matmul
 
 
 def numpy_multi_head_attention(layer, query, memory, mask=None):
@@ -303,70 +302,7 @@ def test_feed_forward_keeps_unknown_leading_axes_in_a_graph():
     np.testing.assert_allclose(np.asarray(traced(x)), np.asarray(layer(x)), atol=1e-6)
 
 
-@pytest.mark.parametrize("shape", [(5, 4), (2, 3, 4), (2, 3, 2, 4), (0, 3, 4), (1, 0, 4)], ids=str)
-def test_position_wise_matmul_equals_matmul_at_every_position(shape):
-    x = np.random.default_rng(9).normal(size=shape).astype("float32")
-    kernel = np.random.default_rng(10).normal(size=(4, 3)).astype("float32")
-    out = np.asarray(position_wise_matmul(ops.convert_to_tensor(x), ops.convert_to_tensor(kernel)))
-    assert out.shape == shape[:-1] + (3,)
-    np.testing.assert_allclose(out, x @ kernel, atol=1e-5)
-    # Heads merged: [B, T, N, H] @ [N*H, E], as multi-head attention's W^O.
-    heads = x.reshape(shape[:-1] + (2, 2))
-    merged = np.asarray(position_wise_matmul(ops.convert_to_tensor(heads), ops.convert_to_tensor(kernel), 2))
-    np.testing.assert_allclose(merged, x @ kernel, atol=1e-5)
-
-
 SHAPE_OPS = {"Shape", "ShapeN", "Size", "Rank", "Prod"}  # tf.tensordot's among them
-
-
-@pytest.mark.parametrize(
-    "signature, merged_axes, runs, reads_shapes",
-    [
-        ([None, 4, 8], 1, [[3, 4, 8], [0, 4, 8]], False),  # a decoding step's [B, K, D]
-        ([None, 4, 2, 4], 2, [[3, 4, 2, 4], [0, 4, 2, 4]], False),  # its [B, K, N, H] before W^O
-        ([2, None, 8], 1, [[2, 5, 8], [2, 0, 8]], False),
-        ([None, None, 8], 1, [[2, 5, 8], [0, 3, 8]], True),
-        ([None, 0, 8], 1, [[2, 0, 8]], True),
-    ],
-    ids=str,
-)
-def test_position_wise_matmul_reads_shapes_only_when_two_axes_are_unknown(signature, merged_axes, runs, reads_shapes):
-    """One unknown axis is left to the reshape (-1): in a decoding step no shape op runs."""
-    import tensorflow as tf
-
-    kernel = tf.constant(np.random.default_rng(11).normal(size=(8, 3)).astype("float32"))
-    traced = tf.function(
-        lambda x: position_wise_matmul(x, kernel, merged_axes), input_signature=[tf.TensorSpec(signature)]
-    )
-    op_types = {op.type for op in traced.get_concrete_function().graph.get_operations()}
-    assert bool(op_types & SHAPE_OPS) == reads_shapes, op_types & SHAPE_OPS
-    assert "Prod" not in op_types  # never tf.tensordot
-    for shape in runs:
-        x = np.random.default_rng(12).normal(size=shape).astype("float32")
-        out = np.asarray(traced(x))
-        assert out.shape == tuple(shape[:-merged_axes]) + (3,)
-        np.testing.assert_allclose(out, x.reshape(out.shape[:-1] + (8,)) @ np.asarray(kernel), atol=1e-5)
-
-
-def test_position_wise_matmul_refuses_a_kernel_of_another_width():
-    """A -1 in the reshape would otherwise cut the rows anew and return a wrong shape without an error."""
-    import tensorflow as tf
-
-    kernel = tf.zeros([6, 2])
-    traced = tf.function(lambda x: position_wise_matmul(x, kernel), input_signature=[tf.TensorSpec([None, 3, 4])])
-    with pytest.raises(ValueError, match=r"\(None, 3, 4\).*\(6, 2\)"):
-        traced.get_concrete_function()
-
-
-def test_position_wise_matmul_of_symbolic_and_unknown_rank_inputs():
-    import tensorflow as tf
-
-    kernel = np.ones((8, 3), "float32")
-    for shape in [(None, 5, 8), (None, None, 8), (None, 0, 8)]:
-        assert position_wise_matmul(keras.KerasTensor(shape), kernel).shape == shape[:-1] + (3,)
-        assert position_wise_matmul(keras.KerasTensor(shape[:-1] + (2, 4)), kernel, 2).shape == shape[:-1] + (3,)
-    traced = tf.function(lambda x: position_wise_matmul(x, kernel), input_signature=[tf.TensorSpec(None)])
-    np.testing.assert_allclose(traced(np.ones((2, 3, 8), "float32")), np.full((2, 3, 3), 8.0))
 
 
 def test_attention_heads_are_split_without_shape_ops_in_a_decoding_step():

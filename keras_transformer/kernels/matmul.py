@@ -1,15 +1,22 @@
-"""Position-wise maps: `[..., D] -> [..., E]` computed on the `[B*T, D]` rows at once.
+"""Position-wise matmuls placed by hand on the `[B*T, D]` rows (Vaswani et al., 2017, §3.2.2-§3.4).
 
 Every projection of the Transformer (W^Q, W^K, W^V, W^O of §3.2.2, the two
 maps of §3.3, the pre-softmax projection of §3.4) acts on each position
-separately, so it can multiply the rows of all positions as one 2-D matmul.
-Written that way rather than as `keras.ops.matmul` of a rank-3 tensor,
-which TensorFlow runs as `tf.tensordot`: that reads the input's shape at run
-time with about ten small ops around each matmul. In a decoding step -- a
-while loop of about a thousand ops per step on small batches -- those ops
-are a cost of their own; here a shape known but for one axis needs none
-(`leading_shape`). A 2-D matmul is also what TensorFlow's oneDNN rewrite
-fuses with a bias and ReLU.
+separately, `x W` for `x [..., D]`, `W [D, E]`. The plain form is
+`keras.ops.matmul(x, W)`; on a rank-3 input TensorFlow runs it as
+`tf.tensordot`, which reads the input's shape at run time with about ten
+small ops around each matmul. The form here multiplies the rows of all
+positions as one 2-D matmul, and reshapes with a target known but for one
+axis, so it needs no shape ops (`leading_shape`). That matters in a decoding
+step, a while loop of many small ops, and a 2-D matmul is also what
+TensorFlow's oneDNN rewrite fuses with a bias and ReLU. The results equal
+`ops.matmul`'s (`tests/test_kernels.py`).
+
+Example:
+>>> from keras import ops
+>>> x, kernel = ops.ones((2, 3, 4)), ops.ones((4, 5))
+>>> tuple(position_wise_matmul(x, kernel).shape)
+(2, 3, 5)
 """
 
 import math

@@ -8,7 +8,6 @@
 - `layer_norm`: LayerNormalization with a closed-form gradient (§3.1)
 - `sublayer`: SublayerConnection, the residual + LayerNorm of §3.1 / §5.4
 - `initialization`: initializer_for_weight, one initializer copy per weight
-- `position_wise`: position_wise_matmul, the projections' `[B*T, D]` matmul (§3.2.2-§3.4)
 - `base`: TransformerLayer, TransformerStack, what encoder and decoder share
 - `encoder`: EncoderLayer, Encoder (§3.1)
 - `decoder`: DecoderLayer, Decoder (§3.1)

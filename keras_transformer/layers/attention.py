@@ -14,9 +14,9 @@ import keras
 from keras import ops
 
 from keras_transformer import compat
+from keras_transformer.kernels.matmul import leading_shape, position_wise_matmul
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.initialization import initializer_for_weight
-from keras_transformer.layers.position_wise import leading_shape, position_wise_matmul
 
 # Added to the logits of masked positions. Finite, so that a row with every key
 # masked gives a uniform distribution instead of NaN.

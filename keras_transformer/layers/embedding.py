@@ -11,8 +11,8 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.kernels.matmul import position_wise_matmul
 from keras_transformer.layers.initialization import initializer_for_weight
-from keras_transformer.layers.position_wise import position_wise_matmul
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -1,12 +1,15 @@
 """Position-wise feed-forward network (Vaswani et al., 2017, §3.3).
 
-FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
+    FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
+
+"This consists of two linear transformations with a ReLU activation in
+between", applied to each position separately and identically.
 """
 
 import keras
 
+from keras_transformer.kernels.matmul import apply_to_rows
 from keras_transformer.layers.initialization import initializer_for_weight
-from keras_transformer.layers.position_wise import apply_to_rows
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -64,11 +67,12 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, inputs):
-        # Positions are independent (§3.3), so the two maps run on `[B*T, D]`
-        # rows: a 2-D matmul lets TensorFlow's oneDNN rewrite fuse the bias
-        # and ReLU into it (no separate BiasAdd and Relu passes), which a
-        # rank-3 input's reshape between the ops prevents.
-        return apply_to_rows(lambda rows: self.outer(self.inner(rows)), inputs)
+        return apply_to_rows(self.ffn, inputs)  # every position alike: one 2-D matmul per map (`kernels.matmul`)
+
+    def ffn(self, x):
+        """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (§3.3) of the positions `x [..., d_model]`."""
+        hidden = self.inner(x)  # max(0, x W_1 + b_1), or the configured activation
+        return self.outer(hidden)  # hidden W_2 + b_2
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.output_dim or input_shape[-1],)

@@ -1,94 +1,54 @@
-"""Layer normalization with a closed-form gradient (Ba et al., 2016; Vaswani et al., 2017, §3.1).
+"""Layer normalization (Ba et al., 2016; Vaswani et al., 2017, §3.1).
 
-Every sublayer's output goes through `LayerNorm(x + Sublayer(x))` (§3.1):
-15 layer norms in the small model, 30 in base, each run forward and
-backward at every training step. Autodiff of Keras' layer norm builds a
-backward pass of 24 math ops (Mul, Sum, Tile, RealDiv, ...); with the closed form
+Every sublayer's output goes through `LayerNorm(x + Sublayer(x))` (§3.1).
+Each position's features are standardized to mean 0 and variance 1, then
+scaled and shifted by learned `gamma` and `beta`:
 
-    x_hat = (x - mean) / sqrt(var + epsilon)
-    dx    = (g - mean(g) - x_hat * mean(g * x_hat)) / sqrt(var + epsilon),   g = dy * gamma
+    x_hat = (x - mean) / sqrt(variance + epsilon)
+    y     = x_hat * gamma + beta
 
-it is 11, gamma's and beta's gradients included. The forward pass is the
-same formula as Keras'. At inference in a TensorFlow graph with oneDNN's
-kernels (a decoding step runs nine layer norms), it is written so that
-TensorFlow fuses it into one kernel (`_fused_inference_form`).
+`LayerNormalization.call` computes that; its kernel forms (a closed-form
+gradient, and oneDNN's fused kernel at inference) are in
+`keras_transformer.kernels.layer_norm`.
 """
 
 import keras
 from keras import ops
 
-from keras_transformer import compat
+from keras_transformer.kernels import layer_norm as kernels
 
 
-def _normalize(x, epsilon):
-    """`(x - mean) / sqrt(var + epsilon)` over the last axis, with the closed-form gradient."""
+def standardize(x, epsilon):
+    """x_hat: each position's features to mean 0 and variance 1, over the last axis.
 
-    @ops.custom_gradient
-    def normalize(x):
-        centered = x - ops.mean(x, axis=-1, keepdims=True)
-        inverse_std = ops.rsqrt(ops.mean(ops.square(centered), axis=-1, keepdims=True) + epsilon)
-        normalized = centered * inverse_std
+    Args:
+        x: `[..., D]`.
+        epsilon: added to the variance, so that a constant row stays finite.
 
-        def grad(*args, upstream=None):
-            if upstream is None:  # TensorFlow passes the upstream gradient positionally
-                (upstream,) = args
-            projection = ops.mean(upstream * normalized, axis=-1, keepdims=True)
-            return inverse_std * (upstream - ops.mean(upstream, axis=-1, keepdims=True) - normalized * projection)
+    Returns:
+        `(x - mean) / sqrt(variance + epsilon)`, of `x`'s shape and dtype.
 
-        return normalized, grad
-
-    return normalize(x)
-
-
-def _fused_kernel_runs(dtype):
-    """Whether `_fused_inference_form` becomes oneDNN's layer-norm kernel: in a TensorFlow graph that XLA does not
-    compile, with oneDNN's kernels on, for float32 or bfloat16, where no gradient is recorded (inference)."""
-    if keras.backend.backend() != "tensorflow" or keras.backend.standardize_dtype(dtype) not in ("float32", "bfloat16"):
-        return False
-    import tensorflow as tf
-
-    return (
-        tf.inside_function()
-        and not compat.graph_is_compiled_by_xla()
-        and compat.onednn_kernels_enabled()
-        and not compat.gradient_may_be_recorded()
-    )
-
-
-def _fused_inference_form(inputs, epsilon, gamma, beta):
-    """The layer norm of `inputs [..., D]` written as the pattern TensorFlow's oneDNN rewrite fuses (its remapper's
-    `_MklLayerNorm`): the rows as the channels of a `[1, rows, D, 1]` NCHW batch norm, then gamma and beta.
-
-    One kernel instead of a dozen ops, statistics in float32 whatever the
-    dtype: in a decoding step on a 2-core AMD EPYC, 0.18 ms instead of 0.7 ms
-    per layer norm of 2,000 bfloat16 rows. Its results equal the closed
-    form's up to rounding (within a bfloat16 rounding in bfloat16).
+    Example:
+    >>> [round(float(v), 4) for v in standardize(ops.array([[1.0, 3.0]]), 1e-6)[0]]
+    [-1.0, 1.0]
     """
-    import tensorflow as tf
-
-    shape = tf.shape(inputs)
-    rows = tf.reduce_prod(shape[:-1])
-    width = inputs.shape[-1]
-    grid = tf.reshape(inputs, [1, rows, width, 1])
-    ones, zeros = tf.ones([rows], tf.float32), tf.zeros([rows], tf.float32)
-    normalized, _, _ = tf.compat.v1.nn.fused_batch_norm(
-        grid, ones, zeros, epsilon=epsilon, data_format="NCHW", is_training=True
-    )
-    normalized = tf.reshape(normalized, shape)
-    return normalized * tf.cast(gamma, inputs.dtype) + tf.cast(beta, inputs.dtype)
+    mean = ops.mean(x, axis=-1, keepdims=True)
+    variance = ops.mean(ops.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * ops.rsqrt(variance + epsilon)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LayerNormalization(keras.layers.LayerNormalization):
-    """`keras.layers.LayerNormalization` whose backward pass is one closed-form expression.
+    """`keras.layers.LayerNormalization` over the last axis, statistics in float32 at least (§3.1).
 
     Same weights (`gamma`, `beta`) and config as the Keras layer, and the
     same results up to float rounding, so checkpoints move freely between
     the two. Normalizing over the last axis with both a scale and a shift,
-    the case of every Transformer layer, uses the closed-form gradient,
-    computed like Keras' in at least float32 whatever the dtype policy
-    (bf16 statistics lose small variances); any other configuration falls
-    back to the Keras computation.
+    the case of every Transformer layer, it computes `standardize(x) *
+    gamma + beta` in at least float32 whatever the dtype policy (bfloat16
+    statistics lose small variances), x_hat with a closed-form gradient
+    (`kernels.layer_norm.standardize`); any other configuration is the Keras
+    computation.
 
     Args:
         epsilon: added to the variance; 1e-6 in the Transformer's layers.
@@ -98,8 +58,11 @@ class LayerNormalization(keras.layers.LayerNormalization):
         inputs: `[..., D]`.
         training: falsy at inference; then, in a TensorFlow graph with
             oneDNN's kernels and no gradient recorded, one fused kernel
-            computes it (`_fused_inference_form`), with the same results up
-            to rounding.
+            computes it (`kernels.layer_norm.fused_layer_norm`), with the
+            same results up to rounding.
+
+    Returns:
+        `[..., D]` in the compute dtype.
 
     Example:
     >>> layer = LayerNormalization(epsilon=1e-6)
@@ -117,9 +80,10 @@ class LayerNormalization(keras.layers.LayerNormalization):
     def call(self, inputs, training=None):
         if not self._closed_form:
             return super().call(inputs)
-        if not training and _fused_kernel_runs(inputs.dtype):
-            return _fused_inference_form(inputs, self.epsilon, self.gamma, self.beta)
+        if kernels.fused_layer_norm_runs(inputs.dtype, training):
+            return kernels.fused_layer_norm(inputs, self.epsilon, self.gamma, self.beta)
         dtype = keras.backend.result_type(inputs.dtype, "float32")
         x = ops.cast(inputs, dtype)
-        outputs = _normalize(x, self.epsilon) * ops.cast(self.gamma, dtype) + ops.cast(self.beta, dtype)
+        x_hat = kernels.standardize(x, self.epsilon)  # `standardize(x, epsilon)`, with a closed-form gradient
+        outputs = x_hat * ops.cast(self.gamma, dtype) + ops.cast(self.beta, dtype)
         return ops.cast(outputs, self.compute_dtype)
