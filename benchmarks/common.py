@@ -157,7 +157,7 @@ def load_average():
 
 
 def machine_info():
-    from keras_transformer.training.strategy import cpu_identity
+    from keras_transformer.hardware import cpu_identity
 
     info = {
         "python": platform.python_version(),
@@ -171,7 +171,7 @@ def machine_info():
 
 def cpu_vendor(cpuinfo_path="/proc/cpuinfo"):
     """`/proc/cpuinfo`'s vendor_id (GenuineIntel, AuthenticAMD), or None."""
-    from keras_transformer.training.strategy import cpuinfo_value
+    from keras_transformer.hardware import cpuinfo_value
 
     return cpuinfo_value("vendor_id", cpuinfo_path)
 
@@ -318,7 +318,7 @@ def results_payload(results: list[Result], units: list[str]):
 
 def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
     """The CPU features that decide which precision is fast here (what a figure's machine is named by)."""
-    from keras_transformer.training.strategy import cpu_flags as all_flags
+    from keras_transformer.hardware import cpu_flags as all_flags
 
     return sorted(all_flags(cpuinfo_path) & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"})
 
@@ -333,7 +333,7 @@ def results_folder(cpuinfo_path="/proc/cpuinfo"):
     "amd_epyc_avx512_bf16"), else "amd_epyc_avx512_bf16" or "amd_epyc_avx2"
     ("amd_..." for a CPU not named EPYC).
     """
-    from keras_transformer.training.strategy import cpu_identity
+    from keras_transformer.hardware import cpu_identity
 
     precision = "avx512_bf16" if "avx512_bf16" in cpu_flags(cpuinfo_path) else "avx2"
     if cpu_vendor(cpuinfo_path) != "AuthenticAMD":

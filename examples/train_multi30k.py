@@ -165,15 +165,15 @@ def training_args(namespace, native_precision=None, has_gpu=None):
     given more time (or none) keeps the paper's dropout. `native_precision`
     and `has_gpu` describe the machine (default: this one's).
     """
-    from keras_transformer.training import strategy as strategies
+    from keras_transformer import hardware
 
     args = train_cli.args_from_namespace(namespace)
     if "dropout" in args.overrides or args.time_budget is None or args.time_budget > DEMO_DEFAULTS["time_budget"]:
         return args
     if native_precision is None:
-        native_precision = strategies.auto_precision()[0]
+        native_precision = hardware.auto_precision()[0]
     if has_gpu is None:
-        has_gpu = bool(strategies.gpu_compute_capabilities())
+        has_gpu = bool(hardware.gpu_compute_capabilities())
     precision = native_precision if args.precision == "auto" else args.precision
     dropout = demo_dropout(precision, native_precision, has_gpu)
     if dropout is None:
@@ -188,7 +188,7 @@ def training_args(namespace, native_precision=None, has_gpu=None):
 
 def machine():
     """The CPU the demo ran on, as its figures should be quoted: model, family, cores, bfloat16 features."""
-    from keras_transformer.training.strategy import cpu_flags, cpu_identity
+    from keras_transformer.hardware import cpu_flags, cpu_identity
 
     return dict(
         **cpu_identity(),

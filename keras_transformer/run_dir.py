@@ -17,7 +17,8 @@ Layout (`keras-transformer train --output RUN_DIR`)::
     model.keras      the final model (averaged if --average-last > 1), float32
 
 This module is shared by `keras_transformer.training` (which writes it) and
-`keras_transformer.inference` (which reads it); neither imports the other.
+`keras_transformer.inference` (which reads it). Inference imports nothing of
+training; training uses inference's `Translator` for its validation BLEU.
 """
 
 from __future__ import annotations

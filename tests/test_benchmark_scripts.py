@@ -8,7 +8,7 @@
 - `translate_batching.py`: its candidates, and each one's ratios to the first batch size.
 - `decode_matmul_bound.py`: each variant runs in a process of its own with its `XLA_FLAGS`, and is read against
   the plain bfloat16 graph of the same round.
-- `common.py`: the results name the CPU by its model name, family and model number (`strategy.cpu_identity`),
+- `common.py`: the results name the CPU by its model name, family and model number (`hardware.cpu_identity`),
   and a machine's default results folder is the one its kind of CPU already has.
 """
 
@@ -249,7 +249,7 @@ def test_results_command_shows_the_kernel_variables_that_were_set():
 def test_results_name_the_cpu_by_its_family_and_model():
     import common
 
-    from keras_transformer.training.strategy import cpu_identity
+    from keras_transformer.hardware import cpu_identity
 
     info = common.machine_info()
     assert {key: info[key] for key in cpu_identity()} == cpu_identity()

@@ -5,7 +5,8 @@
   and none of its libraries (tensorflow-text, SentencePiece, TFDS, sacreBLEU).
 - `keras-transformer --help` and every `keras-transformer COMMAND --help`
   answer without those libraries.
-- The modules import each other without cycles and stay under 500 lines.
+- The modules import each other without cycles, counting imports inside functions, and so do the
+  package's direct children (`training` may use `inference`, not the reverse); modules stay under 500 lines.
 - Each special id and decoding default is defined in exactly one module.
 
 Import checks run in fresh interpreters (`sys.modules` of this one holds
@@ -144,38 +145,31 @@ def test_every_command_help_exits_0():
 # The module graph, from the sources.
 
 
-def module_files():
-    """{module name: path} of every module of the package."""
+def module_files(package_dir=PACKAGE_DIR):
+    """{module name: path} of every module of the package in `package_dir`."""
     modules = {}
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         modules[".".join(parts)] = path
     return modules
 
 
-def top_level_imports(tree):
-    """Import statements run when the module is imported: not those inside functions or classes."""
-    pending = list(tree.body)
-    while pending:
-        node = pending.pop(0)
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        else:  # if / try / with blocks at module level
-            pending.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+def all_imports(tree):
+    """Every import statement of the module, those inside functions and classes included: a lazy import is
+    still a dependency."""
+    return (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
-def import_graph():
-    """{module: set of the package's modules it imports at module level}."""
-    modules = module_files()
+def import_graph(package_dir=PACKAGE_DIR):
+    """{module: set of the package's modules it imports, at module level or inside a function}."""
+    modules = module_files(package_dir)
     graph = {}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         edges = set()
-        for node in top_level_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node in all_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -192,6 +186,24 @@ def import_graph():
             edges.update(t for t in targets if t in modules and t != name)
         graph[name] = edges
     return graph
+
+
+def package_graph(graph):
+    """The module graph folded onto the package's direct children (`keras_transformer.inference`,
+    `keras_transformer.training`, `keras_transformer.run_dir`...): who depends on whom.
+
+    A package importing its own modules is no edge, and the root `__init__` (which re-exports) is left out.
+    """
+
+    def child(module):
+        parts = module.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 else None
+
+    folded = {child(name): set() for name in graph if child(name)}
+    for name, targets in graph.items():
+        if child(name):
+            folded[child(name)].update(child(t) for t in targets if child(t) not in (None, child(name)))
+    return folded
 
 
 def find_cycle(graph):
@@ -226,13 +238,40 @@ def test_import_graph_sees_the_package():
     assert "keras_transformer.special_ids" in graph["keras_transformer.data.tokenizer"]
     assert "keras_transformer.layers" in graph["keras_transformer"]  # `from keras_transformer import layers`
     assert "keras_transformer.config" in graph["keras_transformer"]
+    # Imports inside functions count: `ValidationBleu.__call__` imports the evaluation lazily.
+    assert "keras_transformer.inference.evaluation" in graph["keras_transformer.training.validation_bleu"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"b"}}) is None
+
+
+def test_package_graph_finds_a_cycle_through_a_lazy_import(tmp_path):
+    """Two subpackages that need each other, one of them only inside a function, are a cycle."""
+    package = tmp_path / "pkg"
+    for sub, source in (("a", "from pkg.b.y import g\n"), ("b", "def g():\n    from pkg.a.x import f\n")):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+        (package / sub / ("x.py" if sub == "a" else "y.py")).write_text(source + "def f():\n    pass\n")
+    (package / "__init__.py").write_text("")
+    graph = import_graph(package)
+    assert graph["pkg.b.y"] == {"pkg.a.x"}
+    assert package_graph(graph) == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}}
+    assert find_cycle(package_graph(graph)) == ["pkg.a", "pkg.b", "pkg.a"]
 
 
 def test_no_import_cycles():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_cycle_between_packages():
+    """`training` may use `inference` (validation BLEU translates), never the reverse; both read the machine
+    from `hardware`, which imports nothing of the package."""
+    graph = import_graph()
+    packages = package_graph(graph)
+    cycle = find_cycle(packages)
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
+    assert "keras_transformer.inference" in packages["keras_transformer.training"]
+    assert packages["keras_transformer.hardware"] == set()
 
 
 def test_the_model_imports_nothing_of_the_pipeline_in_its_sources():

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from conftest import new_run_dir, read_csv
 
+from keras_transformer import hardware, training
 from keras_transformer import run_dir as run_layout
-from keras_transformer import training
 from keras_transformer.cli import train as train_cli
 from keras_transformer.inference.evaluation import corpus_scores, format_scores
 from keras_transformer.training import loop
@@ -390,101 +390,6 @@ def test_time_budget_is_refused_with_multi_worker_strategy():
     assert "Pass --time-budget none" in result["with_budget"]
 
 
-@pytest.mark.parametrize(
-    "flags, expected",
-    [
-        ("fpu sse sse2 avx fma avx2", "float32"),
-        ("avx2 avx512f avx512_bf16 avx512_vnni", "mixed_bfloat16"),
-        ("avx2 amx_bf16 amx_tile", "mixed_bfloat16"),
-    ],
-)
-def test_auto_precision_follows_the_cpus_bfloat16_support(tmp_path, flags, expected):
-
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n")
-    policy, reason = training_strategy.auto_precision(str(cpuinfo), gpu_capabilities=())  # no GPU
-    assert policy == expected
-    assert ("no native bfloat16" in reason) == (expected == "float32")
-    assert training_strategy.auto_precision(str(tmp_path / "missing"), gpu_capabilities=())[0] == "float32"
-
-
-def test_cpu_identity_tells_cpu_generations_apart_by_family_and_model(tmp_path):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(
-        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
-        "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n\nprocessor\t: 1\ncpu family\t: 26\n"
-    )
-    assert training_strategy.cpu_identity(cpuinfo) == {"cpu": "AMD EPYC", "cpu_family": 26, "cpu_model": 2}
-    assert training_strategy.cpuinfo_value("vendor_id", cpuinfo) == "AuthenticAMD"
-    assert training_strategy.cpuinfo_value("model", cpuinfo) == "2"  # not "model name"'s value
-    assert training_strategy.cpu_flags(cpuinfo) == {"fpu", "avx2"}
-    assert training_strategy.cpu_identity(tmp_path / "missing") == {}
-    assert training_strategy.cpu_flags(tmp_path / "missing") == set()
-
-
-@pytest.mark.parametrize(
-    "environ, expected",
-    [
-        ({}, "mixed_bfloat16"),
-        ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "float32"),
-        ({"ONEDNN_MAX_CPU_ISA": "avx512_core"}, "float32"),  # oneDNN reads the value case-insensitively
-        ({"DNNL_MAX_CPU_ISA": "AVX512_CORE_VNNI"}, "float32"),
-        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "mixed_bfloat16"),
-        ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, "mixed_bfloat16"),
-        ({"ONEDNN_MAX_CPU_ISA": "ALL"}, "mixed_bfloat16"),
-        ({"ONEDNN_MAX_CPU_ISA": " "}, "mixed_bfloat16"),
-    ],
-)
-def test_auto_precision_respects_a_onednn_instruction_set_cap(tmp_path, environ, expected):
-    """Capped below AVX512_CORE_BF16, oneDNN emulates bfloat16 even on a CPU that has it: auto picks float32,
-    in training and in decoding, and says why."""
-    from keras_transformer.inference.precision import auto_decoding_precision
-
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16\n\n")
-    policy, reason = training_strategy.auto_precision(str(cpuinfo), gpu_capabilities=(), environ=environ)
-    assert policy == expected
-    decoding, _ = auto_decoding_precision(str(cpuinfo), gpu_capabilities=(), environ=environ)
-    assert decoding == {"float32": "float32", "mixed_bfloat16": "bfloat16"}[expected]
-    if expected == "float32":
-        isa = list(environ.values())[0].upper()
-        assert reason == f"ONEDNN_MAX_CPU_ISA={isa} keeps oneDNN from the CPU's amx_bf16, avx512_bf16"
-
-
-@pytest.mark.parametrize(
-    "capabilities, expected",
-    [
-        ([(8, 0)], "mixed_bfloat16"),  # Ampere: bfloat16
-        ([(9, 0), (8, 6)], "mixed_bfloat16"),
-        ([(7, 5)], "mixed_float16"),  # Turing, Volta: float16 tensor cores, no bfloat16
-        ([(7, 0)], "mixed_float16"),
-        ([(6, 1)], "float32"),  # Pascal: no fast 16-bit arithmetic
-        ([(8, 0), (7, 0)], "mixed_float16"),  # the lowest GPU decides
-        ([(7, 0), (8, 0)], "mixed_float16"),
-        ([(8, 0), (7, 5), (6, 0)], "float32"),
-    ],
-)
-def test_auto_precision_on_gpus_follows_the_lowest_compute_capability(tmp_path, capabilities, expected):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: avx2 avx512_bf16 amx_bf16\n\n")  # GPUs decide, not the CPU
-    policy, reason = training_strategy.auto_precision(str(cpuinfo), gpu_capabilities=capabilities)
-    assert policy == expected
-    lowest = min(capabilities)
-    assert f"compute capability {lowest[0]}.{lowest[1]}" in reason or f">= {lowest[0]}.{lowest[1]}" in reason
-
-
-def test_auto_precision_asks_the_gpus_by_default(tmp_path, monkeypatch):
-    import tensorflow as tf
-
-    assert len(training_strategy.gpu_compute_capabilities()) == len(tf.config.list_physical_devices("GPU"))
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: avx2\n\n")
-    monkeypatch.setattr(training_strategy, "gpu_compute_capabilities", lambda: [(7, 5), (7, 5)])
-    assert training_strategy.auto_precision(str(cpuinfo))[0] == "mixed_float16"
-    monkeypatch.setattr(training_strategy, "gpu_compute_capabilities", lambda: [])
-    assert training_strategy.auto_precision(str(cpuinfo))[0] == "float32"
-
-
 def test_auto_precision_run_records_what_it_chose(tmp_path, spm500, capsys, monkeypatch):
     """`--precision auto` trains with what `auto_precision` chose (here a fixed, non-default choice),
     records it in config.json and prints it with the reason."""
@@ -494,7 +399,7 @@ def test_auto_precision_run_records_what_it_chose(tmp_path, spm500, capsys, monk
         calls.append(args)
         return "mixed_bfloat16", "a reason made up by the test"
 
-    monkeypatch.setattr(training_strategy, "auto_precision", fake_auto_precision)
+    monkeypatch.setattr(hardware, "auto_precision", fake_auto_precision)
     run_dir = new_run_dir(tmp_path / "run", spm500)
     result = training.train(
         training.TrainingArgs(
@@ -895,11 +800,11 @@ def test_train_multi30k_example_runs_and_prints_bleu(tmp_path, spm500, capsys):
     assert saved["command"].startswith("python examples/train_multi30k.py --preset tiny")
     assert saved["training"]["max_steps"] == 6 and saved["epochs"] > 0
     assert saved["machine"]["cpu_count"] == os.cpu_count() and "flags" in saved["machine"]
-    assert {key: saved["machine"][key] for key in training_strategy.cpu_identity()} == training_strategy.cpu_identity()
+    assert {key: saved["machine"][key] for key in hardware.cpu_identity()} == hardware.cpu_identity()
     assert saved["wall_seconds"] >= saved["train_seconds"] > 0 and saved["peak_rss_mb"] > 100
     assert saved["versions"]["tensorflow"]
     # The run trained with the demo's dropout for this CPU: 0 in float32, the paper's 0.1 in native bfloat16.
-    native_bfloat16 = training_strategy.auto_precision(gpu_capabilities=[])[0] == "mixed_bfloat16"
+    native_bfloat16 = hardware.auto_precision(gpu_capabilities=[])[0] == "mixed_bfloat16"
     assert run_layout.read_config(str(run_dir))["model"]["dropout"] == (0.1 if native_bfloat16 else 0.0)
     # The export records the run's options, the machine and the scores of its model.
     info = json.loads(open(os.path.join(report["export_path"], "assets", "export.json")).read())

@@ -3,14 +3,15 @@
 Decoding is a different workload from training: no gradients, no loss
 scaling, and the weights can be stored in the 16-bit type itself, so that no
 step casts them. On a CPU with AVX512_BF16 / AMX-BF16, oneDNN runs bfloat16
-matmuls natively and a SavedModel exported in "bfloat16" translates Multi30k
-test2016 about 1.6x as fast as in float32 (`benchmarks/decode_serving.py`);
-without those instructions bfloat16 is emulated and slower than float32.
-On GPUs, "auto" follows training's choice (`training.strategy.auto_precision`). Softmaxes, layer normalization
-statistics and the search's log-probabilities stay in float32 in every precision.
+matmuls natively and a SavedModel exported in "bfloat16" translates faster
+than in float32 (`benchmarks/decode_serving.py`, figures in
+`benchmarks/README.md`); without those instructions bfloat16 is emulated and
+slower than float32. The hardware is read by `keras_transformer.hardware`,
+as training's own choice is. Softmaxes, layer normalization statistics and
+the search's log-probabilities stay in float32 in every precision.
 """
 
-from keras_transformer.training.strategy import auto_precision
+from keras_transformer.hardware import auto_precision
 
 # Dtype policies a model can decode under. "bfloat16" stores the weights in
 # bfloat16 too (half the size, no per-step casts); the mixed ones keep
@@ -22,7 +23,7 @@ DECODING_PRECISION_CHOICES = ("auto",) + DECODING_PRECISIONS
 def auto_decoding_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None, environ=None):
     """The dtype policy that decodes fastest on this machine, and why: `(policy, reason)`.
 
-    "bfloat16" where training's `auto_precision` picks mixed_bfloat16 (a CPU
+    "bfloat16" where training's `hardware.auto_precision` picks mixed_bfloat16 (a CPU
     with AVX512_BF16 or AMX-BF16, or GPUs of compute capability >= 8.0),
     "mixed_float16" on older tensor-core GPUs (float16 weights alone would
     overflow more easily), else "float32". The choice is the exporting

@@ -19,7 +19,7 @@ The paper's training (Vaswani et al., 2017, §5):
 Modules:
 
 - `options`: `TrainingArgs`, `TrainingResult`.
-- `strategy`: the distribution strategy, `auto_precision`, chief and workers.
+- `strategy`: the distribution strategy, chief and workers (the precision: `keras_transformer.hardware`).
 - `stream`: the training batches as a deterministic, resumable stream.
 - `run`: one process's run directory, checkpoints, backup and logs.
 - `callbacks`: progress, checkpoints, time budget, CSV and TensorBoard logs.

@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_transformer import hardware
 from keras_transformer.data import DataSpec, load_dataset
 from keras_transformer.data.tokenizer import get_or_train_tokenizer
 from keras_transformer.losses import MaskedAccuracy
@@ -134,7 +135,7 @@ def _set_up(args, strategy):
     state.saved = _check_resume_config(run.run_dir, args, model_config)
     state.precision = args.precision
     if args.precision == "auto":
-        state.precision, state.precision_reason = strategies.auto_precision()
+        state.precision, state.precision_reason = hardware.auto_precision()
     keras.mixed_precision.set_global_policy(state.precision)
     state.backup = run.find_backup()
     state.start_step = state.backup[0] if state.backup else 0

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-# "auto": the fastest of PRECISIONS on this machine (`training.strategy.auto_precision`).
+# "auto": the fastest of PRECISIONS on this machine (`keras_transformer.hardware.auto_precision`).
 PRECISION_CHOICES = ("auto",) + PRECISIONS
 
 # Options whose change would make a resumed run a different experiment: a
@@ -95,7 +95,7 @@ class TrainingArgs:
             "mixed_float16" (the latter with dynamic loss scaling: Keras wraps
             the optimizer in a `LossScaleOptimizer`), or "auto": mixed
             precision where the hardware computes in 16 bits, else float32
-            (`training.strategy.auto_precision`).
+            (`keras_transformer.hardware.auto_precision`).
         xla: compile the train step with XLA (`jit_compile=True`).
         seed: seeds weights, dropout and the data order.
         checkpoint_every: steps between checkpoints (and resume points).

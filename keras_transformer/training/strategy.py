@@ -1,4 +1,4 @@
-"""tf.distribute for training: the strategy, the precision for this machine, and who is chief.
+"""tf.distribute for training: the strategy, who is chief, and what the replicas must agree on.
 
 §5.2: "We trained our models on one machine with 8 NVIDIA P100 GPUs". Here
 `get_strategy()` picks one device, MirroredStrategy over the local GPUs, or
@@ -37,101 +37,6 @@ def get_strategy():
         logger.info("MirroredStrategy over %d GPUs", len(gpus))
         return strategy
     return tf.distribute.get_strategy()
-
-
-# CPU flags (Linux /proc/cpuinfo) of native bfloat16 arithmetic.
-BFLOAT16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-# Values of oneDNN's ONEDNN_MAX_CPU_ISA (older name DNNL_MAX_CPU_ISA) below AVX512_CORE_BF16, its first
-# instruction set with bfloat16 dot products: under such a cap oneDNN emulates bfloat16 whatever the CPU has.
-ONEDNN_ISAS_WITHOUT_BFLOAT16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-
-
-def cpuinfo_value(key, cpuinfo_path="/proc/cpuinfo"):
-    """The first value of `key` in /proc/cpuinfo ("flags", "model name", "vendor_id"), or None."""
-    try:
-        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                name, colon, value = line.partition(":")
-                if colon and name.strip() == key:
-                    return value.strip()
-    except OSError:
-        pass
-    return None
-
-
-def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
-    """The CPU's feature flags (a set of str; empty where /proc/cpuinfo does not exist)."""
-    return set((cpuinfo_value("flags", cpuinfo_path) or "").split())
-
-
-def cpu_identity(cpuinfo_path="/proc/cpuinfo"):
-    """The CPU's model name, family and model number, as far as /proc/cpuinfo gives them.
-
-    A virtual machine's model name can be as bare as "AMD EPYC": the family and
-    model numbers tell its generations apart (AMD family 25 is Zen 3 and 4, 26 is
-    Zen 5), and with them how far a time budget gets.
-    """
-    identity = {}
-    cpu = cpuinfo_value("model name", cpuinfo_path)
-    if cpu is not None:
-        identity["cpu"] = cpu
-    for key, name in (("cpu family", "cpu_family"), ("model", "cpu_model")):
-        value = cpuinfo_value(key, cpuinfo_path)
-        if value is not None and value.isdigit():
-            identity[name] = int(value)
-    return identity
-
-
-def gpu_compute_capabilities():
-    """Compute capabilities `(major, minor)` of the visible GPUs (empty without GPUs)."""
-    gpus = tf.config.list_physical_devices("GPU")
-    return [tf.config.experimental.get_device_details(gpu).get("compute_capability") or (0, 0) for gpu in gpus]
-
-
-def onednn_isa_cap(environ=None):
-    """The instruction set oneDNN is capped at (`ONEDNN_MAX_CPU_ISA`, upper-cased), or None."""
-    environ = os.environ if environ is None else environ
-    cap = environ.get("ONEDNN_MAX_CPU_ISA") or environ.get("DNNL_MAX_CPU_ISA")
-    return cap.strip().upper() if cap and cap.strip() else None
-
-
-def auto_precision(cpuinfo_path="/proc/cpuinfo", gpu_capabilities=None, environ=None):
-    """The Keras dtype policy that trains fastest here, and why: `(policy, reason)`.
-
-    Mixed precision only pays where the hardware computes in 16 bits; elsewhere
-    it is emulated, and slower than float32 (on an AVX2-only CPU, a
-    mixed_bfloat16 training step of the small model took 1.3x as long as a
-    float32 one: 1,842 vs 1,426 ms, `benchmarks/train_throughput.py`):
-
-    - GPUs: "mixed_bfloat16" if every visible GPU has compute capability 8.0
-      or more (Ampere: bf16 needs no loss scaling), "mixed_float16" from 7.0
-      (Volta tensor cores), else "float32".
-    - CPU only: "mixed_bfloat16" if the CPU has AVX512_BF16 or AMX-BF16
-      instructions, else "float32".
-
-      Not when `ONEDNN_MAX_CPU_ISA` caps oneDNN below AVX512_CORE_BF16
-      (e.g. `AVX2`): oneDNN then emulates bfloat16.
-
-    `cpuinfo_path`, `gpu_capabilities` (a list of `(major, minor)`,
-    default `gpu_compute_capabilities()`) and `environ` (default
-    `os.environ`) describe the machine.
-    """
-    if gpu_capabilities is None:
-        gpu_capabilities = gpu_compute_capabilities()
-    if gpu_capabilities:
-        lowest = min(tuple(c) for c in gpu_capabilities)
-        if lowest >= (8, 0):
-            return "mixed_bfloat16", f"GPUs of compute capability >= {lowest[0]}.{lowest[1]}"
-        if lowest >= (7, 0):
-            return "mixed_float16", f"GPUs of compute capability {lowest[0]}.{lowest[1]} (no bfloat16)"
-        return "float32", f"GPUs of compute capability {lowest[0]}.{lowest[1]} (no fast 16-bit arithmetic)"
-    native = sorted(cpu_flags(cpuinfo_path) & set(BFLOAT16_CPU_FLAGS))
-    cap = onednn_isa_cap(environ)
-    if native and cap in ONEDNN_ISAS_WITHOUT_BFLOAT16:
-        return "float32", f"ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN from the CPU's {', '.join(native)}"
-    if native:
-        return "mixed_bfloat16", f"the CPU has {', '.join(native)}"
-    return "float32", "the CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
 
 
 def strategy_worker(strategy):
