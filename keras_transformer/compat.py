@@ -84,6 +84,24 @@ def learning_rate_schedule(optimizer):
     return optimizer._learning_rate
 
 
+def adam_moments(optimizer, variable):
+    """The first and second moment variables (m, v) that a `keras.optimizers.Adam` keeps for `variable`.
+
+    Keras' Adam keeps them in its private lists `_momentums` and
+    `_velocities`, indexed by its private `_get_variable_index`, and has no
+    public accessor. `kernels.adam.fused_update` updates them in place.
+
+    Args:
+        optimizer: a built `keras.optimizers.Adam` (or subclass).
+        variable: one of the variables it was built for.
+
+    Returns:
+        The two `keras.Variable`s `(m, v)`, the shape of `variable`.
+    """
+    index = optimizer._get_variable_index(variable)
+    return optimizer._momentums[index], optimizer._velocities[index]
+
+
 def build_model_from_spec(model, data_spec):
     """Builds a compiled model's loss, metrics and optimizer from a dataset's `element_spec`,
     and stops Keras from building them again from a batch (`fit`'s first step).

@@ -8,6 +8,8 @@ with Adam, beta_1 = 0.9, beta_2 = 0.98, epsilon = 1e-9 and warmup_steps = 4000.
 import keras
 from keras import ops
 
+from keras_transformer.kernels import adam as adam_kernel
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -100,19 +102,12 @@ class Cooldown(keras.optimizers.schedules.LearningRateSchedule):
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class FusedAdam(keras.optimizers.Adam):
-    """`keras.optimizers.Adam` whose dense updates run as one fused kernel per variable (§5.3).
+    """`keras.optimizers.Adam` whose dense updates on TensorFlow run as one fused kernel per variable (§5.3).
 
-    The same update as Keras' Adam (Kingma & Ba, 2015, with the "epsilon hat"
-    of their §2):
-
-        m <- beta_1 m + (1 - beta_1) g,   v <- beta_2 v + (1 - beta_2) g^2
-        w <- w - lr * sqrt(1 - beta_2^t) / (1 - beta_1^t) * m / (sqrt(v) + epsilon)
-
-    Keras writes it as ~17 small ops per variable, which for a Transformer is
-    more than a thousand op launches per training step. With the TensorFlow
-    backend, dense gradients go to TF's `ResourceApplyAdam` kernel instead
-    (one op, one pass over the variable). Sparse gradients, `amsgrad` and
-    other backends use Keras' code. Arguments and config are Keras' Adam's.
+    The same update as Keras' Adam, computed by `kernels.adam.fused_update`
+    where it applies (a dense gradient, the TensorFlow backend, no
+    `amsgrad`); sparse gradients, `amsgrad` and other backends use Keras'
+    code. Arguments and config are Keras' Adam's.
 
     A model saved compiled but never trained (a run's final `model.keras`)
     holds the state of an unbuilt optimizer: its step counter, no moments.
@@ -121,6 +116,13 @@ class FusedAdam(keras.optimizers.Adam):
     variables it belongs to, the moments staying at their initial zeros. A
     checkpoint written without optimizer state (the training checkpoints)
     leaves the optimizer as it is, quietly too.
+
+    Example:
+    >>> optimizer = FusedAdam(learning_rate=0.1)
+    >>> weight = keras.Variable([1.0, -1.0])
+    >>> optimizer.apply([ops.array([0.5, -2.0])], [weight])
+    >>> [round(float(w), 4) for w in weight.numpy()]  # Adam's first step: lr * sign(g)
+    [0.9, -0.9]
     """
 
     def build(self, var_list):
@@ -139,38 +141,9 @@ class FusedAdam(keras.optimizers.Adam):
         super().load_own_variables(store)
 
     def update_step(self, gradient, variable, learning_rate):
-        if keras.backend.backend() != "tensorflow" or self.amsgrad:
-            return super().update_step(gradient, variable, learning_rate)
-        import tensorflow as tf
-
-        if isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable, learning_rate)
-        index = self._get_variable_index(variable)
-        dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
-
-        def constant(value):
-            return tf.cast(value, dtype)
-
-        tf.raw_ops.ResourceApplyAdam(
-            var=_handle(variable),
-            m=_handle(self._momentums[index]),
-            v=_handle(self._velocities[index]),
-            beta1_power=tf.pow(constant(self.beta_1), step),
-            beta2_power=tf.pow(constant(self.beta_2), step),
-            lr=tf.cast(learning_rate, dtype),
-            beta1=constant(self.beta_1),
-            beta2=constant(self.beta_2),
-            epsilon=constant(self.epsilon),
-            grad=tf.cast(gradient, dtype),
-        )
-
-
-def _handle(variable):
-    """The TF resource handle behind a Keras variable (the local copy under a distribution strategy)."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value
-    return variable.handle
+        if adam_kernel.fused_update_applies(self, gradient):
+            return adam_kernel.fused_update(self, gradient, variable, learning_rate)
+        return super().update_step(gradient, variable, learning_rate)
 
 
 def create_optimizer(d_model, warmup_steps=4000, scale=1.0, cooldown=False, **kwargs):

@@ -219,3 +219,16 @@ def test_serialized_saved_model(tmp_path):
             ops.update(node.op for node in function.node_def)
     assert {"Square", "AddV2"} <= ops
     assert "serving_default" in proto.meta_graphs[0].signature_def
+
+
+def test_adam_moments():
+    """After one step from zero moments, m = (1 - beta_1) g and v = (1 - beta_2) g^2, for each variable."""
+    variables = [keras.Variable(np.ones((3, 2), "float32")), keras.Variable(np.zeros(4, "float32"))]
+    gradients = [np.full((3, 2), 2.0, "float32"), np.arange(4, dtype="float32")]
+    optimizer = keras.optimizers.Adam(learning_rate=0.1, beta_1=0.9, beta_2=0.98)
+    optimizer.apply(gradients, variables)
+    for variable, gradient in zip(variables, gradients):
+        m, v = compat.adam_moments(optimizer, variable)
+        assert tuple(m.shape) == tuple(v.shape) == tuple(variable.shape)
+        np.testing.assert_allclose(m.numpy(), 0.1 * gradient, rtol=1e-6)
+        np.testing.assert_allclose(v.numpy(), 0.02 * gradient**2, rtol=1e-5)

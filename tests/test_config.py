@@ -106,3 +106,41 @@ def test_table_3_row_a_keeps_the_base_parameter_count():
     base = parameter_count()
     for overrides in TABLE_3_ROW_A.values():
         assert parameter_count(**overrides) == base, overrides
+
+
+def test_presets_have_the_papers_values_and_take_overrides():
+    base = TransformerConfig.base(37000)
+    assert (base.num_layers, base.d_model, base.num_heads, base.d_ff, base.dropout) == (6, 512, 8, 2048, 0.1)
+    assert (base.key_dim, base.value_dim, base.label_smoothing) == (64, 64, 0.1)
+    big = TransformerConfig.big(37000)
+    assert (big.num_layers, big.d_model, big.num_heads, big.d_ff, big.dropout) == (6, 1024, 16, 4096, 0.3)
+    small = TransformerConfig.small()
+    assert (small.num_layers, small.d_model, small.num_heads, small.d_ff) == (3, 256, 4, 1024)
+    custom = TransformerConfig.base(vocab_size=37000, num_layers=2, d_ff=1024)
+    assert (custom.num_layers, custom.d_ff, custom.d_model) == (2, 1024, 512)
+    assert TransformerConfig.from_json(custom.to_json()) == custom
+    assert not base.norm_first and base.share_embeddings and base.positional_encoding == "sinusoidal"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(d_model=500, num_heads=8), "not divisible by num_heads=8"),
+        (dict(num_layers=0), "num_layers must be a positive integer"),
+        (dict(d_ff=-1), "d_ff must be a positive integer"),
+        (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+        (dict(label_smoothing=-0.1), r"label_smoothing must be in \[0, 1\)"),
+        (dict(positional_encoding="rotary"), "'sinusoidal' or 'learned'"),
+        (dict(key_dim=0), "key_dim must be a positive integer"),
+    ],
+)
+def test_config_validation(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig.base(37000, **overrides)
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(ValueError, match="Unknown preset 'huge'"):
+        TransformerConfig.from_preset("huge", 100)
+    with pytest.raises(ValueError, match="Unknown TransformerConfig field"):
+        TransformerConfig.from_dict({"vocab_size": 100, "layers": 3})
