@@ -1,15 +1,30 @@
 """keras-transformer: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) in Keras 3.
 
-Modules follow the paper:
-- `layers`: attention (§3.2), feed-forward (§3.3), embeddings (§3.4),
-  positional encoding (§3.5), encoder and decoder (§3.1)
-- `model`: the encoder-decoder `Transformer` (Figure 1)
-- `optimization`: Adam and the learning-rate schedule (§5.3)
-- `losses`: label smoothing (§5.4) and token accuracy
-- `decoding`: greedy and beam search (§6.1)
+The model follows the paper:
 
-and the pipeline beside them: `datasets`, `data`, `tokenizer`, `training`,
-`export`, `cli`.
+- `config`: `TransformerConfig` and its presets (Table 3).
+- `layers`: attention (§3.2), feed-forward (§3.3), embeddings (§3.4),
+  positional encoding (§3.5), encoder and decoder (§3.1).
+- `model`: the encoder-decoder `Transformer` (Figure 1).
+- `losses`: label smoothing (§5.4) and token accuracy.
+- `optimization`: Adam and the learning-rate schedule (§5.3).
+- `decoding`: greedy, beam (§6.1) and sampling search.
+- `kernels`: the CPU and compiler forms of some of the paper's computations,
+  each equal to the plain form its layer shows.
+- `special_ids`, `compat` (every private Keras or TensorFlow API in one
+  place), `hardware` (the CPU and GPUs, and the precision they favour).
+
+The pipeline beside it, which the model never imports:
+
+- `data`: text files, shipped corpora, TFDS, the tokenizer, batching (§5.1).
+- `training`: the fit loop, distribution, checkpoints and averaging (§5.2, §6.1).
+- `run_dir`: the run directory that training writes and inference reads.
+- `inference`: translation, scores, SavedModel and CTranslate2 exports.
+- `cli`: the `keras-transformer` command.
+- `errors`: `ParameterError`, a bad argument named by its parameter.
+
+Importing the package loads the model (and registers its layers with
+Keras's serialization), not the pipeline.
 """
 
 from keras_transformer import layers

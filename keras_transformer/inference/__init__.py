@@ -18,15 +18,28 @@
 Models come from a training run directory (`keras_transformer.run_dir`).
 """
 
-from keras_transformer.inference.evaluation import corpus_scores, format_scores
-from keras_transformer.inference.saved_model import export_saved_model
-from keras_transformer.inference.translator import SavedModelTranslator, Translator, load_translator
+import importlib
 
-__all__ = [
-    "SavedModelTranslator",
-    "Translator",
-    "corpus_scores",
-    "export_saved_model",
-    "format_scores",
-    "load_translator",
-]
+# Public names and the module that defines each. They are loaded on first use, so that
+# `keras_transformer.inference.precision` (whose choices the command line offers) does
+# not pull in the translator, the export and their libraries.
+_EXPORTS = {
+    "SavedModelTranslator": "keras_transformer.inference.translator",
+    "Translator": "keras_transformer.inference.translator",
+    "corpus_scores": "keras_transformer.inference.evaluation",
+    "export_saved_model": "keras_transformer.inference.saved_model",
+    "format_scores": "keras_transformer.inference.evaluation",
+    "load_translator": "keras_transformer.inference.translator",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS))
