@@ -107,12 +107,22 @@ def test_every_relative_link_leads_to_a_file(document):
     text = (ROOT / document).read_text(encoding="utf-8")
     broken = []
     for target in LINK.findall(text):
-        path = target.split("#")[0]
-        if not path or "://" in path or path.startswith("mailto:"):
+        path, _, anchor = target.partition("#")
+        if "://" in path or path.startswith("mailto:"):
             continue
-        if not ((ROOT / document).parent / path).exists():
+        linked = (ROOT / document).parent / path if path else ROOT / document
+        if not linked.exists():
             broken.append(target)
-    assert not broken, f"{document} links paths that do not exist: {broken}"
+        elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked):
+            broken.append(target)
+    assert not broken, f"{document} links paths or headings that do not exist: {broken}"
+
+
+def heading_anchors(path):
+    """The anchors GitHub gives a Markdown file's headings: lower-cased, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.DOTALL)
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
 
 
 def test_results_files_linked_from_the_readme_say_how_they_were_made():
