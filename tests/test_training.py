@@ -265,6 +265,25 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, spm500):
         np.testing.assert_array_equal(a, b)
 
 
+def test_resume_point_reads_the_backups_state_and_needs_its_weights(tmp_path):
+    """`ResumePoint.read` names what `backup/state.json` records; no weights, no resume point."""
+    from keras_transformer.training.run import ResumePoint
+
+    backup = tmp_path / "backup"
+    assert ResumePoint.read(str(backup)) is None
+    backup.mkdir()
+    state = {"step": 7, "weights": "state-00000007.weights.h5", "training_seconds": 2.5, "iterations": 7}
+    (backup / "state.json").write_text(json.dumps(state))
+    assert ResumePoint.read(str(backup)) is None  # its weights are not there
+    (backup / state["weights"]).write_bytes(b"")
+    assert ResumePoint.read(str(backup)) == ResumePoint(
+        step=7, weights=str(backup / state["weights"]), training_seconds=2.5, iterations=7
+    )
+    del state["training_seconds"], state["iterations"]  # a backup that did not record them
+    (backup / "state.json").write_text(json.dumps(state))
+    assert ResumePoint.read(str(backup)) == ResumePoint(7, str(backup / state["weights"]), 0.0, None)
+
+
 def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm500, capsys, monkeypatch):
     """The budget ends training mid-run with a checkpoint at the last step; the
     same command again finds the budget spent (time is counted across processes).

@@ -12,12 +12,11 @@ the weights. A run directory that already has another vocabulary is refused.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
 from keras_transformer.run_dir import BACKUP_DIR, TOKENIZER_FILENAME, load_run, model_config_of_run
-from keras_transformer.training.run import check_optimizer_loaded
+from keras_transformer.training.run import ResumePoint, check_optimizer_loaded
 
 # TransformerConfig fields a fine-tuning run may set differently from the run it starts from.
 ADJUSTABLE_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
@@ -67,20 +66,17 @@ def load_initial_weights(model, init_dir, resume_optimizer):
     Returns a description of what was loaded, for the log.
     """
     if resume_optimizer:
-        state_path = os.path.join(init_dir, BACKUP_DIR, "state.json")
-        if not os.path.exists(state_path):
+        point = ResumePoint.read(os.path.join(init_dir, BACKUP_DIR))
+        if point is None:
             raise FileNotFoundError(f"--resume-optimizer: {init_dir} has no {BACKUP_DIR}/state.json to resume from.")
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
-        path = os.path.join(init_dir, BACKUP_DIR, state["weights"])
-        model.load_weights(path)
+        model.load_weights(point.weights)
         check_optimizer_loaded(
             model,
-            state.get("iterations"),
-            path,
+            point.iterations,
+            point.weights,
             f"use the --ema of {init_dir} (its config.json), or leave out --resume-optimizer",
         )
-        return f"weights and optimizer state of step {state['step']}"
+        return f"weights and optimizer state of step {point.step}"
     source, _ = load_run(init_dir, dtype="float32")
     model.set_weights(source.get_weights())
     return "weights"

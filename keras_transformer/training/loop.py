@@ -52,7 +52,7 @@ from keras_transformer.training import strategy as strategies
 from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
 from keras_transformer.training.curves import plot_curves
 from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES, TrainingArgs, TrainingResult
-from keras_transformer.training.run import Run, check_optimizer_loaded
+from keras_transformer.training.run import ResumePoint, Run, check_optimizer_loaded
 from keras_transformer.training.stream import TrainingData
 from keras_transformer.training.validation_bleu import ValidationBleu, read_validation_texts
 
@@ -73,7 +73,7 @@ class _State:
     precision: str = "float32"
     precision_reason: str = None
     start_step: int = 0
-    backup: tuple = None
+    resume: ResumePoint = None  # None on a fresh run
     tokenizer: object = None
     training_data: TrainingData = None
     validation: object = None
@@ -137,9 +137,9 @@ def _set_up(args, strategy):
     if args.precision == "auto":
         state.precision, state.precision_reason = hardware.auto_precision()
     keras.mixed_precision.set_global_policy(state.precision)
-    state.backup = run.find_backup()
-    state.start_step = state.backup[0] if state.backup else 0
-    run.trained_seconds = state.backup[2] if state.backup else 0.0
+    state.resume = run.find_backup()
+    state.start_step = state.resume.step if state.resume else 0
+    run.trained_seconds = state.resume.training_seconds if state.resume else 0.0
     # Dropout's random state is not part of the backup: a resumed run draws
     # new masks (seeded by the step) rather than replaying those of step 0.
     keras.utils.set_random_seed(args.seed + state.start_step)
@@ -279,18 +279,19 @@ def _build_model(state):
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         element_spec = state.training_data.stream(0, state.steps_per_epoch).element_spec
         strategies.work_around_keras_multiworker(model, strategy, element_spec)
-    if state.backup is None and args.init_from:
+    resume = state.resume
+    if resume is None and args.init_from:
         with strategy.scope():
             loaded = init_from.load_initial_weights(model, args.init_from, args.resume_optimizer)
         print(f"initialized from {args.init_from} ({loaded})", flush=True)
-    if state.backup is not None:
+    if resume is not None:
         with strategy.scope():
-            model.load_weights(state.backup[1])
+            model.load_weights(resume.weights)
         check_optimizer_loaded(
-            model, state.backup[3], state.backup[1], "continue the run with the options it was started with"
+            model, resume.iterations, resume.weights, "continue the run with the options it was started with"
         )
-        print(f"resumed from step {state.start_step}", flush=True)
-        logger.info("Resumed %s from step %d (%s)", state.run.run_dir, state.start_step, state.backup[1])
+        print(f"resumed from step {resume.step}", flush=True)
+        logger.info("Resumed %s from step %d (%s)", state.run.run_dir, resume.step, resume.weights)
     state.model = model
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import glob
 import json
 import os
@@ -20,6 +21,48 @@ from keras_transformer.run_dir import (
     save_model_weights,
 )
 from keras_transformer.training.strategy import strategy_worker
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a run goes on after an interruption: its `backup/state.json`.
+
+    Attributes:
+        step: the training steps done when the backup was written.
+        weights: path of the backup's full state (model and optimizer weights).
+        training_seconds: training time of the run's processes up to the backup.
+        iterations: the optimizer's updates at the backup, to check that a
+            resume loaded its state (`check_optimizer_loaded`); None in a
+            backup that did not record them.
+
+    Example:
+        >>> point = ResumePoint(step=30, weights="backup/state-00000030.weights.h5", training_seconds=12.5)
+        >>> point.step, point.iterations
+        (30, None)
+    """
+
+    step: int
+    weights: str
+    training_seconds: float = 0.0
+    iterations: int | None = None
+
+    @classmethod
+    def read(cls, backup_dir):
+        """The resume point recorded in `backup_dir`, or None if it has none (or its weights are gone)."""
+        state_path = os.path.join(backup_dir, "state.json")
+        if not os.path.exists(state_path):
+            return None
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+        weights = os.path.join(backup_dir, state["weights"])
+        if not os.path.exists(weights):
+            return None
+        return cls(
+            step=int(state["step"]),
+            weights=weights,
+            training_seconds=float(state.get("training_seconds", 0.0)),
+            iterations=state.get("iterations"),
+        )
 
 
 class Run:
@@ -100,7 +143,7 @@ class Run:
                     pass
 
     def find_backup(self):
-        """(step, weights path, training seconds, optimizer iterations or None) of the resume point, or None.
+        """The `ResumePoint` of the run's backup, or None on a fresh run.
 
         Workers prefer the chief's.
         """
@@ -108,18 +151,9 @@ class Run:
         if not self.is_chief:
             candidates.append(self.path(BACKUP_DIR))
         for backup in candidates:
-            state_path = os.path.join(backup, "state.json")
-            if os.path.exists(state_path):
-                with open(state_path, encoding="utf-8") as f:
-                    state = json.load(f)
-                weights = os.path.join(backup, state["weights"])
-                if os.path.exists(weights):
-                    return (
-                        int(state["step"]),
-                        weights,
-                        float(state.get("training_seconds", 0.0)),
-                        state.get("iterations"),
-                    )
+            point = ResumePoint.read(backup)
+            if point is not None:
+                return point
         return None
 
     # -- logs -----------------------------------------------------------------
