@@ -102,6 +102,24 @@ def adam_moments(optimizer, variable):
     return optimizer._momentums[index], optimizer._velocities[index]
 
 
+def set_tensorboard_batch_count(callback, count):
+    """Sets how many training batches a `keras.callbacks.TensorBoard` callback counts as done.
+
+    The callback writes its batch-level summaries at that count, which it
+    keeps in its private `_global_train_batch`: it restarts it at 0 in every
+    `fit` and adds 1 per execution of `steps_per_execution` steps, and has
+    no public way to set it. `training.callbacks.GlobalStepTensorBoard`
+    sets it so that the summaries' step is the run's global step. Keras
+    adds 1 in `on_train_batch_begin`: the next summaries are written at
+    step `count + 1`.
+
+    Args:
+        callback: a `keras.callbacks.TensorBoard`.
+        count: int, the batches counted as done.
+    """
+    callback._global_train_batch = count
+
+
 def build_model_from_spec(model, data_spec):
     """Builds a compiled model's loss, metrics and optimizer from a dataset's `element_spec`,
     and stops Keras from building them again from a batch (`fit`'s first step).

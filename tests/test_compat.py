@@ -232,3 +232,25 @@ def test_adam_moments():
         assert tuple(m.shape) == tuple(v.shape) == tuple(variable.shape)
         np.testing.assert_allclose(m.numpy(), 0.1 * gradient, rtol=1e-6)
         np.testing.assert_allclose(v.numpy(), 0.02 * gradient**2, rtol=1e-5)
+
+
+def test_set_tensorboard_batch_count(tmp_path):
+    """Batch-level summaries are written at the count set before each batch, plus 1."""
+
+    class Offset(keras.callbacks.TensorBoard):
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)
+            compat.set_tensorboard_batch_count(self, 100)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            compat.set_tensorboard_batch_count(self, 100 + 10 * batch)
+            super().on_train_batch_begin(batch, logs)
+
+    model = tiny_model()
+    x, y = np.ones((6, 3), "float32"), np.zeros((6, 2), "float32")
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[Offset(tmp_path, update_freq=1, write_graph=False)])
+    steps = []
+    for path in (tmp_path / "train").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            steps += [event.step for value in event.summary.value if value.tag == "batch_loss"]
+    assert sorted(steps) == [101, 111, 121]

@@ -310,14 +310,14 @@ class GlobalStepTensorBoard(keras.callbacks.TensorBoard):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        self._global_train_batch = self.monitor.step
+        compat.set_tensorboard_batch_count(self, self.monitor.step)
 
     def on_train_batch_begin(self, batch, logs=None):
         # The step this execution ends at (Keras' own count adds 1 to it below).
         per_execution = getattr(self.model, "steps_per_execution", 1) or 1
         steps_in_epoch = (self.params or {}).get("steps")
         end = batch + per_execution if not steps_in_epoch else min(batch + per_execution, steps_in_epoch)
-        self._global_train_batch = self.monitor._epoch_start_step + end - 1
+        compat.set_tensorboard_batch_count(self, self.monitor._epoch_start_step + end - 1)
         super().on_train_batch_begin(batch, logs)
 
 
