@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="keras-transformer",
-    version="0.2.0",
+    version="0.3.0",
     description=(
         "A paper-faithful TensorFlow/Keras 3 implementation of the Transformer "
         "(Vaswani et al., 2017): layers, training, beam search and TF Serving export."

@@ -33,7 +33,7 @@ from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.model import Transformer
 from keras_transformer.optimization import FusedAdam, TransformerSchedule, create_optimizer
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "PRESETS",
