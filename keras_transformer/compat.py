@@ -3,8 +3,17 @@
 Each function wraps one private name that has no public equivalent and says
 why it is needed. `tests/test_compat.py` calls each of them, so an upgrade
 that moves one fails there, by name, instead of somewhere deep in training
-or serving. Imports are made inside the functions: importing this module
+or serving; it also checks that no other module of the package uses a
+private name. Imports are made inside the functions: importing this module
 loads nothing.
+
+- TensorFlow graphs: `graph_is_compiled_by_xla`, `runs_with_xla_semantics`,
+  `onednn_kernels_enabled`, `gradient_may_be_recorded`.
+- Keras training: `save_weights_without_optimizer`, `learning_rate_schedule`,
+  `adam_moments`, `set_tensorboard_batch_count`, `build_model_from_spec`,
+  `swap_ema_weights`.
+- tensorflow-text and SavedModels: `shared_sentencepiece_resource`,
+  `attach_sentencepiece_resource`, `serialized_saved_model`.
 """
 
 
@@ -13,6 +22,10 @@ def graph_is_compiled_by_xla():
 
     TensorFlow has no public predicate for it; the attention layers write
     their decoding cache in place only under XLA (`MultiHeadAttention`).
+    Wraps `tensorflow.python.ops.control_flow_util.GraphOrParentsInXlaContext`.
+
+    Returns:
+        bool; False when executing eagerly.
     """
     import tensorflow as tf
     from tensorflow.python.ops import control_flow_util
@@ -27,6 +40,9 @@ def runs_with_xla_semantics():
     out-of-range gather or update clamps instead of raising; eager
     TensorFlow and plain TensorFlow graphs raise. The layers that depend
     on it (`MultiHeadAttention`, `LearnedPositionalEmbedding`) ask here.
+
+    Returns:
+        bool.
     """
     import keras
 
@@ -44,6 +60,10 @@ def onednn_kernels_enabled():
     its inference form as the graph that TensorFlow's oneDNN rewrite fuses
     into one layer-norm kernel only where that rewrite runs: elsewhere the
     same graph runs an unfused batch norm, slower than its plain form.
+    Wraps `tensorflow.python.util._pywrap_util_port.IsMklEnabled`.
+
+    Returns:
+        bool.
     """
     from tensorflow.python.util import _pywrap_util_port
 
@@ -56,6 +76,10 @@ def gradient_may_be_recorded():
     TensorFlow has no public predicate for it. `LabelSmoothedCrossEntropy`
     computes its gradient in the forward pass only when one may be asked
     for: not in `model.evaluate`, whose step is traced without a tape.
+    Wraps `tensorflow.python.eager.record.could_possibly_record`.
+
+    Returns:
+        bool.
     """
     from tensorflow.python.eager import record
 
@@ -66,7 +90,12 @@ def save_weights_without_optimizer(model, path):
     """Writes only the model's weights (not its optimizer's) to a `.weights.h5` file.
 
     `model.save_weights` also writes the optimizer's variables (twice the
-    size of a checkpoint); Keras' `saving_lib.save_weights_only` can skip them.
+    size of a checkpoint); Keras' private
+    `keras.src.saving.saving_lib.save_weights_only` can skip them.
+
+    Args:
+        model: a `keras.Model`, compiled or not.
+        path: the `.weights.h5` file to write.
     """
     from keras.src.saving import saving_lib
 
@@ -79,7 +108,14 @@ def learning_rate_schedule(optimizer):
 
     `optimizer.learning_rate` evaluates a schedule at the current step; the
     monitor needs the schedule itself, to give the rate of the update just
-    applied.
+    applied. Keras keeps it in the private `_learning_rate`.
+
+    Args:
+        optimizer: a `keras.optimizers.Optimizer`.
+
+    Returns:
+        A `keras.optimizers.schedules.LearningRateSchedule`, or the
+        variable that holds a constant rate.
     """
     return optimizer._learning_rate
 
@@ -125,7 +161,12 @@ def build_model_from_spec(model, data_spec):
     and stops Keras from building them again from a batch (`fit`'s first step).
 
     Works around keras-team/keras#20585 under MultiWorkerMirroredStrategy
-    (see `keras_transformer.training.strategy.work_around_keras_multiworker`).
+    (see `keras_transformer.training.strategy.work_around_keras_multiworker`)
+    with the model's private `_symbolic_build` and `_maybe_symbolic_build`.
+
+    Args:
+        model: a compiled `keras.Model`.
+        data_spec: the `element_spec` of the dataset it will be fit on.
     """
     model._symbolic_build(data_batch=data_spec)
     model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
@@ -140,7 +181,14 @@ def shared_sentencepiece_resource(model_proto, shared_name):
     `keras.utils.set_random_seed`) deletes it, and every later tokenize call
     fails with "Resource .../SentencepieceOp/... does not exist"
     (tensorflow/text#570). A shared name keeps it in the resource manager.
-    Returns the resource, for `attach_sentencepiece_resource`.
+    Subclasses tensorflow-text's private `_SentencepieceModelResource`.
+
+    Args:
+        model_proto: the serialized SentencePiece model, bytes.
+        shared_name: the resource's name in TensorFlow's resource manager.
+
+    Returns:
+        The resource, for `attach_sentencepiece_resource`.
     """
     import tensorflow as tf
     from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text_sp
@@ -160,7 +208,14 @@ def shared_sentencepiece_resource(model_proto, shared_name):
 
 
 def attach_sentencepiece_resource(tokenizer, resource):
-    """Makes a `tensorflow_text.SentencepieceTokenizer` use `resource` for its model."""
+    """Makes a `tensorflow_text.SentencepieceTokenizer` use `resource` for its model.
+
+    The tokenizer keeps its model in the private `_model_resource`.
+
+    Args:
+        tokenizer: a `tensorflow_text.SentencepieceTokenizer`.
+        resource: from `shared_sentencepiece_resource`.
+    """
     tokenizer._model_resource = resource
 
 
@@ -168,6 +223,12 @@ def serialized_saved_model(export_dir):
     """The `SavedModel` protocol buffer of `export_dir/saved_model.pb` (to list its ops).
 
     TensorFlow exposes the proto class only under `tensorflow.core`.
+
+    Args:
+        export_dir: a SavedModel directory.
+
+    Returns:
+        A parsed `saved_model_pb2.SavedModel`.
     """
     import os
 
@@ -183,11 +244,16 @@ def serialized_saved_model(export_dir):
 def swap_ema_weights(model):
     """Swaps a model's trainable weights with its optimizer's moving averages (`use_ema=True`), exactly.
 
-    Calling it twice restores the weights bit for bit. (Keras' own
+    Calling it twice restores the weights bit for bit. Keras' own
     `SwapEMAWeights` swaps TensorFlow variables by additions and
     subtractions, which rounds the training weights at every swap and so
-    changes training.) The averages are the optimizer's private
-    `_model_variables_moving_average`, in the order of its `_trainable_variables`.
+    changes training. The averages are the optimizer's private
+    `_model_variables_moving_average`, in the order of its private
+    `_trainable_variables`.
+
+    Args:
+        model: a `keras.Model` compiled with an optimizer built with
+            `use_ema=True` (or a `LossScaleOptimizer` around one).
     """
     optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
     for variable, average in zip(optimizer._trainable_variables, optimizer._model_variables_moving_average):

@@ -1,8 +1,18 @@
 """The optimizer and learning-rate schedule of the paper (Vaswani et al., 2017, §5.3).
 
+"We used the Adam optimizer with beta_1 = 0.9, beta_2 = 0.98 and
+epsilon = 10^-9. We varied the learning rate over the course of training,
+according to the formula:
+
     lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)      (3)
 
-with Adam, beta_1 = 0.9, beta_2 = 0.98, epsilon = 1e-9 and warmup_steps = 4000.
+This corresponds to increasing the learning rate linearly for the first
+warmup_steps training steps, and decreasing it thereafter proportionally to
+the inverse square root of the step number. We used warmup_steps = 4000."
+
+`create_optimizer` returns that optimizer: a `FusedAdam` (Keras' Adam,
+whose dense updates on TensorFlow run as the fused kernel of
+`keras_transformer.kernels.adam`) on a `TransformerSchedule`.
 """
 
 import keras
@@ -131,6 +141,7 @@ class FusedAdam(keras.optimizers.Adam):
         super().build(var_list)
 
     def load_own_variables(self, store):
+        """Loads the optimizer's state, also when it was saved unbuilt or not at all (see above)."""
         if not store.keys():  # a weights-only checkpoint (`run_dir.save_model_weights`): nothing to load
             return
         unbuilt = getattr(self, "_unbuilt_variable_count", None)
@@ -141,18 +152,33 @@ class FusedAdam(keras.optimizers.Adam):
         super().load_own_variables(store)
 
     def update_step(self, gradient, variable, learning_rate):
+        """Keras' Adam update of one variable; the fused kernel where it applies."""
         if adam_kernel.fused_update_applies(self, gradient):
             return adam_kernel.fused_update(self, gradient, variable, learning_rate)
         return super().update_step(gradient, variable, learning_rate)
 
 
 def create_optimizer(d_model, warmup_steps=4000, scale=1.0, cooldown=False, **kwargs):
-    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on `TransformerSchedule` (§5.3).
+    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the schedule of equation (3) (§5.3).
 
-    Returns a `FusedAdam` (Keras' Adam with fused TF updates). With
-    `cooldown`, the schedule is wrapped in a `Cooldown` (not the paper's; a
-    training option). Extra keyword arguments go to the optimizer (e.g.
-    `clipnorm`).
+    Args:
+        d_model: model width, for equation (3).
+        warmup_steps: steps of linear warmup (4000 in the paper).
+        scale: constant multiplier on equation (3) (1.0 in the paper).
+        cooldown: wrap the schedule in a `Cooldown` (not the paper's; a
+            training option).
+        **kwargs: more arguments of `keras.optimizers.Adam` (e.g.
+            `clipnorm`), or other betas and epsilon.
+
+    Returns:
+        A `FusedAdam`.
+
+    Example:
+    >>> optimizer = create_optimizer(512)
+    >>> (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon)
+    (0.9, 0.98, 1e-09)
+    >>> float(optimizer.learning_rate)  # equation (3) at step_num 1
+    1.74...e-07
     """
     options = dict(beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     options.update(kwargs)

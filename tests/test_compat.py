@@ -254,3 +254,23 @@ def test_set_tensorboard_batch_count(tmp_path):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             steps += [event.step for value in event.summary.value if value.tag == "batch_loss"]
     assert sorted(steps) == [101, 111, 121]
+
+
+def test_swap_ema_weights():
+    """The weights become the optimizer's moving averages; a second swap restores them bit for bit."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2, use_ema=True, ema_momentum=0.5), loss="mse")
+    rng = np.random.RandomState(1)
+    for _ in range(3):  # not `fit`, which ends by overwriting the weights with the averages
+        gradients = [rng.normal(size=v.shape).astype("float32") for v in model.trainable_variables]
+        model.optimizer.apply(gradients, model.trainable_variables)
+    training = [v.numpy() for v in model.trainable_variables]
+    averages = [v.numpy() for v in model.optimizer._model_variables_moving_average]
+    assert any(np.abs(t - a).max() > 1e-4 for t, a in zip(training, averages))
+
+    compat.swap_ema_weights(model)
+    for variable, average in zip(model.trainable_variables, averages):
+        np.testing.assert_array_equal(variable.numpy(), average)
+    compat.swap_ema_weights(model)
+    for variable, value in zip(model.trainable_variables, training):
+        np.testing.assert_array_equal(variable.numpy(), value)
