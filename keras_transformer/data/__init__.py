@@ -13,7 +13,7 @@ Every loader gives a `tf.data.Dataset` of `(source_text, target_text)` scalar
 `tf.string` pairs; `make_batches` turns it into
 `((source_ids, target_input_ids), target_output_ids)` for `model.fit`.
 
-Example::
+Example:
 
     from keras_transformer.data import load_dataset, make_batches
     from keras_transformer.data.corpora import read_lines

@@ -7,7 +7,7 @@ scheme with `tf.data`: in-graph SentencePiece tokenization, special tokens, a
 maximum length, length bucketing and batching by a *token budget* (the
 tensor2tensor/fairseq way), padding each batch to its bucket boundary.
 
-Output of `make_batches`, the Keras `(inputs, targets)` convention::
+Output of `make_batches`, the Keras `(inputs, targets)` convention:
 
     ((source_ids, target_input_ids), target_output_ids)    # int32, [batch, length]
 
@@ -41,16 +41,16 @@ MAX_DEFAULT_POOL_SIZE = 1_000_000
 def default_bucket_boundaries(
     max_length: int, min_length: int = 8, growth: float = 1.1, multiple: int = 8
 ) -> list[int]:
-    """Geometric bucket boundaries, rounded up to a multiple of ``multiple``.
+    """Geometric bucket boundaries, rounded up to a multiple of `multiple`.
 
-    Each boundary is at least ``growth`` times the previous one (tensor2tensor
-    uses the same 1.1 growth) and a multiple of ``multiple`` (friendly to
+    Each boundary is at least `growth` times the previous one (tensor2tensor
+    uses the same 1.1 growth) and a multiple of `multiple` (friendly to
     matrix-unit tile sizes, and few shapes for XLA to compile); the last one
-    is ``max_length``. For ``max_length=256``: 8, 16, ..., 88, 104, 120, 136,
-    152, 168, 192, 216, 240, 256 (20 buckets). ``multiple=1`` gives short
+    is `max_length`. For `max_length=256`: 8, 16, ..., 88, 104, 120, 136,
+    152, 168, 192, 216, 240, 256 (20 buckets). `multiple=1` gives short
     sentences, most of a corpus, buckets one or two tokens apart: 8, 9, 10,
     11, 13, 15, ..., 251, 256 (34 buckets), which pads far less, with more
-    batch shapes (``benchmarks/input_pipeline.py``; benchmarks/README.md has
+    batch shapes (`benchmarks/input_pipeline.py`; benchmarks/README.md has
     what it did to the demo's training).
 
     Args:
@@ -58,6 +58,13 @@ def default_bucket_boundaries(
         min_length: first boundary (before rounding).
         growth: ratio between consecutive boundaries (> 1).
         multiple: boundaries are rounded up to a multiple of this.
+
+    Returns:
+        the increasing boundaries, the last one `max_length`.
+
+    Example:
+        >>> default_bucket_boundaries(64)
+        [8, 16, 24, 32, 40, 48, 56, 64]
     """
     if max_length < 1 or min_length < 1 or growth <= 1 or multiple < 1:
         raise ValueError("need max_length >= 1, min_length >= 1, growth > 1, multiple >= 1")
@@ -71,11 +78,24 @@ def default_bucket_boundaries(
 
 
 def bucket_batch_sizes(boundaries: Sequence[int], batch_tokens: int, num_replicas: int = 1) -> list[int]:
-    """Sentences per batch for each bucket: ``batch_tokens // boundary``,
-    rounded down to a multiple of ``num_replicas``.
+    """Sentences per batch for each bucket: `batch_tokens // boundary`,
+    rounded down to a multiple of `num_replicas` (§5.1's token budget per batch).
+
+    Args:
+        boundaries: the bucket boundaries (padded lengths).
+        batch_tokens: token budget per batch and side, padding included.
+        num_replicas: every batch size is a multiple of it, so that the batch
+            splits evenly over the replicas.
+
+    Returns:
+        one batch size per boundary.
 
     Raises:
-        ValueError: if a bucket cannot hold ``num_replicas`` sequences in budget.
+        ValueError: if a bucket cannot hold `num_replicas` sequences in budget.
+
+    Example:
+        >>> bucket_batch_sizes([8, 16, 32], batch_tokens=256, num_replicas=2)
+        [32, 16, 8]
     """
     sizes = []
     for b in boundaries:
@@ -110,6 +130,10 @@ def whole_batches(counts: Sequence[int], batch_sizes: Sequence[int]) -> int:
     bucket (padded to its boundary), so a bucket with fewer pairs than one
     batch is not left out of every pass; only the longest bucket's leftovers
     are dropped.
+
+    Example:
+        >>> whole_batches([5, 3, 1], [4, 2, 2])  # 1 of 4; the leftover pair makes 2 of 2; 1 pair dropped
+        3
     """
     total, carried = 0, 0
     for count, size in zip(counts, batch_sizes):
@@ -137,80 +161,80 @@ def make_batches(
 ) -> tf.data.Dataset:
     """Tokenizes, buckets by length and batches by a token budget (§5.1).
 
-    Every batch is ``[batch_size, boundary]`` on each side, where ``boundary``
+    Every batch is `[batch_size, boundary]` on each side, where `boundary`
     is the bucket boundary of its pairs (the smallest boundary >= max(source
     length, target length), lengths counted with the added EOS/BOS) and
-    ``batch_size = batch_tokens // boundary`` rounded down to a multiple of
-    ``num_replicas`` (smaller for the last, partial batch of a bucket). So each
-    side of a batch has at most ``batch_tokens`` tokens *including padding*,
+    `batch_size = batch_tokens // boundary` rounded down to a multiple of
+    `num_replicas` (smaller for the last, partial batch of a bucket). So each
+    side of a batch has at most `batch_tokens` tokens *including padding*,
     and tensor shapes come from a small set (one length per bucket), which
     limits retracing. The paper's batches held ~25000 source + 25000 target
-    tokens; on one 8-GPU machine that is ``batch_tokens ~= 25000`` with
-    ``num_replicas=8``.
+    tokens; on one 8-GPU machine that is `batch_tokens ~= 25000` with
+    `num_replicas=8`.
 
     Pipeline: shuffle sentence pairs (seeded, reshuffled each epoch) -> repeat
     (optional) -> tokenize in chunks of 1024 with parallel maps -> add EOS/BOS
-    -> drop or truncate over-long pairs -> gather *pools* of ``pool_size``
+    -> drop or truncate over-long pairs -> gather *pools* of `pool_size`
     pairs and, per pool, sort them into buckets and cut each bucket into
     batches (vectorized, like fairseq/tensor2tensor's sort-then-batch; far
-    cheaper than per-sentence ``group_by_window``) -> pad each batch to its
-    boundary -> prefetch. Deterministic for a given ``seed`` (unless
-    ``sampling_alpha`` samples segmentations).
+    cheaper than per-sentence `group_by_window`) -> pad each batch to its
+    boundary -> prefetch. Deterministic for a given `seed` (unless
+    `sampling_alpha` samples segmentations).
 
-    Batches come out in the order ``group_by_window`` would give: a batch is
+    Batches come out in the order `group_by_window` would give: a batch is
     emitted at the position of its last pair in the (shuffled) input, so
     lengths interleave and the batch order is as random as the pair order.
     Each bucket of a pool ends with at most one partial batch. With
-    ``drop_remainder`` there are only whole batches: a bucket's leftover pairs
+    `drop_remainder` there are only whole batches: a bucket's leftover pairs
     join the next longer bucket, and only the longest bucket's leftovers are
     dropped (other pairs each pass). By default a dataset of known size up to
-    ``MAX_DEFAULT_POOL_SIZE`` (1M) pairs is one pool, so with
-    ``drop_remainder=True`` an epoch has exactly ``whole_batches(n, sizes)``
-    batches (``n[k]`` pairs in bucket ``k``, ``sizes`` from
-    ``bucket_batch_sizes``), whatever the order of the pairs.
+    `MAX_DEFAULT_POOL_SIZE` (1M) pairs is one pool, so with
+    `drop_remainder=True` an epoch has exactly `whole_batches(n, sizes)`
+    batches (`n[k]` pairs in bucket `k`, `sizes` from
+    `bucket_batch_sizes`), whatever the order of the pairs.
 
     Args:
-        dataset: ``(source_text, target_text)`` scalar ``tf.string`` pairs.
-        tokenizer: object with ``tokenize(strings) -> RaggedTensor``, e.g.
-            ``keras_transformer.data.tokenizer.Tokenizer``.
+        dataset: `(source_text, target_text)` scalar `tf.string` pairs.
+        tokenizer: object with `tokenize(strings) -> RaggedTensor`, e.g.
+            `keras_transformer.data.tokenizer.Tokenizer`.
         batch_tokens: GLOBAL token budget per batch and side, padding included
-            (split across replicas by ``tf.distribute``).
+            (split across replicas by `tf.distribute`).
         max_length: longest allowed sequence, counting the EOS (source) or the
             BOS/EOS (target).
         bucket_boundaries: increasing bucket lengths, last one >= max_length
             (boundaries past max_length are cut to it); default
-            ``default_bucket_boundaries(max_length)``. Each batch is padded to
+            `default_bucket_boundaries(max_length)`. Each batch is padded to
             its boundary.
-        shuffle: shuffle the pairs before bucketing (``shuffle=False`` keeps the
+        shuffle: shuffle the pairs before bucketing (`shuffle=False` keeps the
             input order; batches still mix lengths, see above).
         seed: shuffle seed (None: nondeterministic).
         num_replicas: replicas the global batch is split over; every batch size
-            is a multiple of it. None: ``tf.distribute.get_strategy()
-            .num_replicas_in_sync`` (so call this inside ``strategy.scope()``).
+            is a multiple of it. None: `tf.distribute.get_strategy()
+            .num_replicas_in_sync` (so call this inside `strategy.scope()`).
         truncate: False (default): drop pairs with a side longer than
-            ``max_length``. True: cut them to ``max_length`` (the source keeps its
+            `max_length`. True: cut them to `max_length` (the source keeps its
             EOS; the target keeps BOS in the input and ends in EOS in the output).
         repeat: repeat the data forever (before pooling, so pools run across
             epoch boundaries).
         drop_remainder: only whole batches, so every batch of a bucket has the
             same size: each bucket's leftover pairs in a pool join the next
             longer bucket, the longest bucket's are dropped. If False and
-            ``num_replicas > 1``, a partial batch is cut to a multiple of
-            ``num_replicas`` (fewer than ``num_replicas`` pairs per bucket per pool
+            `num_replicas > 1`, a partial batch is cut to a multiple of
+            `num_replicas` (fewer than `num_replicas` pairs per bucket per pool
             are left out; they are different pairs every epoch).
         shuffle_buffer_size: sentence-pair shuffle buffer; default: the dataset
             size if known, capped at 100000.
         pool_size: pairs bucketed together; larger pools mean fewer partial
             batches but more memory and a longer wait for the first batch.
-            Default: the dataset size if known and <= ``MAX_DEFAULT_POOL_SIZE``
-            (one pool per epoch), else ``max(32768, 4 * batch_tokens)``.
+            Default: the dataset size if known and <= `MAX_DEFAULT_POOL_SIZE`
+            (one pool per epoch), else `max(32768, 4 * batch_tokens)`.
             Rounded up to a multiple of 1024 if larger.
         sampling_alpha: above 0, each pass segments every sentence anew at random
-            (``Tokenizer.tokenize``'s ``sampling_alpha``; not reproducible by ``seed``).
+            (`Tokenizer.tokenize`'s `sampling_alpha`; not reproducible by `seed`).
 
     Returns:
-        ``tf.data.Dataset`` of ``((source_ids, target_input_ids), target_output_ids)``,
-        int32 ``[batch, boundary]`` tensors padded with 0.
+        `tf.data.Dataset` of `((source_ids, target_input_ids), target_output_ids)`,
+        int32 `[batch, boundary]` tensors padded with 0.
     """
     if num_replicas is None:
         num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
@@ -279,7 +303,7 @@ def make_batches(
 def _known_size(dataset: tf.data.Dataset) -> int:
     """Number of elements if known when building the pipeline, else -1.
 
-    Inside a traced function (e.g. ``flat_map``) the cardinality is a symbolic
+    Inside a traced function (e.g. `flat_map`) the cardinality is a symbolic
     tensor and usually unknown.
     """
     cardinality = tf.get_static_value(dataset.cardinality())
@@ -291,7 +315,7 @@ class _PoolBatcher:
 
     Vectorized: one stable sort by bucket, then each bucket's pairs are split
     into consecutive batches of its batch size. Returns 3-D ragged tensors
-    ``[batches, batch, tokens]`` and each batch's boundary.
+    `[batches, batch, tokens]` and each batch's boundary.
     """
 
     def __init__(self, boundaries, batch_sizes, num_replicas, drop_remainder):
@@ -369,17 +393,17 @@ class _PoolBatcher:
 
 
 def token_budget_stats(batches, max_batches: int | None = None) -> dict:
-    """Counts examples, real tokens and padding in batches from ``make_batches``.
+    """Counts examples, real tokens and padding in batches from `make_batches`.
 
-    Accepts any iterable of ``((source_ids, target_input_ids), target_output_ids)``
+    Accepts any iterable of `((source_ids, target_input_ids), target_output_ids)`
     (padding id 0). The padding ratio counts the source and the target input
     (the target output pads exactly like the target input).
 
     Returns:
-        dict with ``num_batches``, ``num_examples``, ``source_tokens``,
-        ``target_tokens`` (non-pad), ``padded_tokens`` (all positions, both
-        sides), ``pad_tokens``, ``padding_ratio`` (pad / all), ``max_batch_tokens``
-        (largest ``batch * length`` of one side) and ``shapes`` (set of
+        dict with `num_batches`, `num_examples`, `source_tokens`,
+        `target_tokens` (non-pad), `padded_tokens` (all positions, both
+        sides), `pad_tokens`, `padding_ratio` (pad / all), `max_batch_tokens`
+        (largest `batch * length` of one side) and `shapes` (set of
         distinct source shapes).
     """
     stats = dict(

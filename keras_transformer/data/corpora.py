@@ -11,7 +11,7 @@
 Files are gzip-compressed copies of the original UTF-8 text (one sentence per
 line, line *i* of `X.en` translating line *i* of `X.de`).
 
-Example::
+Example:
 
     ds = load_multi30k("train", src="en", tgt="de")   # (source_text, target_text)
     refs = read_lines("test2016", "de")                # list[str] for BLEU

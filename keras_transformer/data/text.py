@@ -32,9 +32,9 @@ def normalize_line(line: str) -> str:
 def read_text_lines(path: str | os.PathLike) -> list[str]:
     """Reads a UTF-8 text file (plain or gzip) into normalized lines.
 
-    One entry per line of the file, in order (blank lines are kept as ``""`` so
-    line numbers still line up); lines are split on ``"\\n"`` only, and each line
-    goes through ``normalize_line``. A UTF-8 byte-order mark is ignored.
+    One entry per line of the file, in order (blank lines are kept as `""` so
+    line numbers still line up); lines are split on `"\\n"` only, and each line
+    goes through `normalize_line`. A UTF-8 byte-order mark is ignored.
 
     Args:
         path: file path; gzip files are detected by content, not by name.
@@ -49,7 +49,7 @@ def read_text_lines(path: str | os.PathLike) -> list[str]:
 
 
 def decode_text_lines(data: bytes, name: str) -> list[str]:
-    """``read_text_lines`` of a file's bytes (plain or gzip), e.g. standard input's; `name` goes in errors."""
+    """`read_text_lines` of a file's bytes (plain or gzip), e.g. standard input's; `name` goes in errors."""
     if data[:2] == b"\x1f\x8b":
         data = gzip.GzipFile(fileobj=io.BytesIO(data)).read()
     try:
@@ -71,12 +71,12 @@ def decode_text_lines(data: bytes, name: str) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelTextStats:
-    """What ``load_parallel_text`` read.
+    """What `load_parallel_text` read.
 
     Attributes:
         source_path, target_path: the files.
         num_lines: lines per file.
-        num_pairs: pairs in the dataset (``num_lines - num_skipped``).
+        num_pairs: pairs in the dataset (`num_lines - num_skipped`).
         skipped_line_numbers: 1-based line numbers of pairs skipped because the
             source or target line was empty or whitespace-only.
     """
@@ -104,20 +104,20 @@ def load_parallel_text(
     *,
     return_stats: bool = False,
 ):
-    """Loads two line-aligned text files as ``(source_text, target_text)`` pairs.
+    """Loads two line-aligned text files as `(source_text, target_text)` pairs.
 
-    The files are read with Python (``read_text_lines``: plain or gzip, strict
+    The files are read with Python (`read_text_lines`: plain or gzip, strict
     UTF-8, normalized whitespace) and then sliced into a dataset; this is meant
     for corpora that fit in memory (Multi30k is 4 MB).
 
     Args:
         src_path: source-language file, one sentence per line.
         tgt_path: target-language file, line *i* translating line *i* of src_path.
-        return_stats: also return a ``ParallelTextStats``.
+        return_stats: also return a `ParallelTextStats`.
 
     Returns:
-        ``tf.data.Dataset`` of scalar ``tf.string`` pairs, or
-        ``(dataset, stats)`` if ``return_stats``. Pairs with an empty side are
+        `tf.data.Dataset` of scalar `tf.string` pairs, or
+        `(dataset, stats)` if `return_stats`. Pairs with an empty side are
         skipped; their number is logged as a warning and given in the stats.
 
     Raises:
@@ -165,6 +165,6 @@ _EDGE_WHITESPACE = r"[\t-\r\x1c-\x1f\x{85}\p{Z}]+"
 
 
 def normalize_in_graph(text: tf.Tensor) -> tf.Tensor:
-    """``normalize_line`` as TensorFlow ops (for streamed data such as tfds): the same strings out."""
+    """`normalize_line` as TensorFlow ops (for streamed data such as tfds): the same strings out."""
     text = tf.strings.regex_replace(text, r"[ \t\r\f\v]+", " ")
     return tf.strings.regex_replace(text, f"^{_EDGE_WHITESPACE}|{_EDGE_WHITESPACE}$", "")

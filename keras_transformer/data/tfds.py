@@ -16,16 +16,16 @@ def load_tfds(
     download: bool = True,
     shuffle_seed: int | None = None,
 ) -> tf.data.Dataset:
-    """Loads a TensorFlow Datasets translation set as ``(source_text, target_text)``.
+    """Loads a TensorFlow Datasets translation set as `(source_text, target_text)`.
 
-    Translation datasets in tfds (``wmt14_translate/de-en``, ``wmt_t2t_translate``,
-    ``ted_hrlr_translate/pt_to_en``, ...) yield dicts ``{lang: text}``; this
+    Translation datasets in tfds (`wmt14_translate/de-en`, `wmt_t2t_translate`,
+    `ted_hrlr_translate/pt_to_en`, ...) yield dicts `{lang: text}`; this
     picks the two languages in the requested direction, applies the same
-    whitespace normalization as ``load_parallel_text`` in-graph and drops pairs
+    whitespace normalization as `load_parallel_text` in-graph and drops pairs
     with an empty side (not counted: the data is streamed).
 
     Args:
-        name: tfds name with config, e.g. ``"wmt14_translate/de-en"``.
+        name: tfds name with config, e.g. `"wmt14_translate/de-en"`.
         split: tfds split ("train", "validation", "test", or slices like "train[:1%]").
         src, tgt: language keys of the source and target side.
         data_dir: tfds data directory (tfds default if None).
@@ -37,7 +37,7 @@ def load_tfds(
             so that streams of different seeds begin at different places.
 
     Raises:
-        ValueError: if ``src`` or ``tgt`` is not a language of the dataset.
+        ValueError: if `src` or `tgt` is not a language of the dataset.
     """
     import tensorflow_datasets as tfds  # heavy import; only needed here
 

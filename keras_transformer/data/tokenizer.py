@@ -4,23 +4,21 @@ Vaswani et al. (2017), §5.1 "Training Data and Batching": "Sentences were encod
 using byte-pair encoding, which has a shared source-target vocabulary of about
 37000 tokens" (WMT14 en-de). This module trains the same kind of vocabulary --
 BPE over the source and target text *jointly* -- with SentencePiece, and wraps
-the trained model in ``tensorflow_text.SentencepieceTokenizer`` so that
-tokenization runs inside ``tf.data``, ``tf.function`` and exported SavedModels
+the trained model in `tensorflow_text.SentencepieceTokenizer` so that
+tokenization runs inside `tf.data`, `tf.function` and exported SavedModels
 without Python.
 
 Special ids (`keras_transformer.special_ids`) are fixed for every model trained
 here (and checked when a model is loaded), so the rest of the code can rely on them:
 
-=========  ====  =================================================
-constant   id    meaning
-=========  ====  =================================================
-PAD_ID     0     padding; never produced when encoding text
-UNK_ID     1     unknown piece (rare: byte fallback is on by default)
-BOS_ID     2     start of sequence (decoder input only)
-EOS_ID     3     end of sequence
-=========  ====  =================================================
+| constant | id | meaning                                              |
+|----------|----|------------------------------------------------------|
+| PAD_ID   | 0  | padding; never produced when encoding text           |
+| UNK_ID   | 1  | unknown piece (rare: byte fallback is on by default) |
+| BOS_ID   | 2  | start of sequence (decoder input only)               |
+| EOS_ID   | 3  | end of sequence                                      |
 
-Example::
+Example:
 
     tok = train_tokenizer(src_lines + tgt_lines, "runs/x/spm", vocab_size=8000)
     ids = tok.tokenize(["A dog runs."])          # RaggedTensor int32, no BOS/EOS
@@ -65,18 +63,18 @@ MODEL_FILENAME = "spm.model"
 class Tokenizer(tf.Module):
     """A trained SentencePiece model with fixed special ids, usable in-graph.
 
-    ``tokenize``/``detokenize``/``id_to_piece`` are TensorFlow ops (through
-    ``tensorflow_text.SentencepieceTokenizer``), so they work inside ``tf.data``
-    maps and ``tf.function``. The class is a ``tf.Module``: attaching an instance
-    to a module that is saved with ``tf.saved_model.save`` stores the
+    `tokenize`/`detokenize`/`id_to_piece` are TensorFlow ops (through
+    `tensorflow_text.SentencepieceTokenizer`), so they work inside `tf.data`
+    maps and `tf.function`. The class is a `tf.Module`: attaching an instance
+    to a module that is saved with `tf.saved_model.save` stores the
     SentencePiece model inside the SavedModel (as the tokenizer op's resource).
-    The serialized model is also available as ``model_proto`` (bytes) for
+    The serialized model is also available as `model_proto` (bytes) for
     exporters that prefer to ship it as an explicit asset file.
 
     Args:
-        model: path of a ``.model`` file written by SentencePiece (any path
-            ``tf.io.gfile`` can read), or the serialized model proto as bytes.
-        name: ``tf.Module`` name.
+        model: path of a `.model` file written by SentencePiece (any path
+            `tf.io.gfile` can read), or the serialized model proto as bytes.
+        name: `tf.Module` name.
 
     Raises:
         ValueError: if the model's special ids are not PAD=0, UNK=1, BOS=2, EOS=3.
@@ -112,12 +110,12 @@ class Tokenizer(tf.Module):
     # -- properties ---------------------------------------------------------
     @property
     def model_proto(self) -> bytes:
-        """The serialized SentencePiece ``ModelProto`` (what ``save`` writes)."""
+        """The serialized SentencePiece `ModelProto` (what `save` writes)."""
         return self._proto
 
     @property
     def vocab_size(self) -> int:
-        """Number of ids, including the four special ids (ids are ``0..vocab_size-1``)."""
+        """Number of ids, including the four special ids (ids are `0..vocab_size-1`)."""
         return int(self._processor.get_piece_size())
 
     pad_id = PAD_ID
@@ -130,23 +128,23 @@ class Tokenizer(tf.Module):
         """Encodes text to subword ids, without BOS/EOS.
 
         Args:
-            strings: a ``tf.string`` tensor (or str / list of str). A rank-1
-                input of N strings gives a ``tf.RaggedTensor`` of shape [N, None];
+            strings: a `tf.string` tensor (or str / list of str). A rank-1
+                input of N strings gives a `tf.RaggedTensor` of shape [N, None];
                 a scalar string gives a dense 1-D tensor.
             sampling_alpha: 0 (default) gives the one best segmentation. Above
                 0, a random segmentation of each string, new at every call
                 (subword regularization): for a BPE model each merge is skipped
-                with probability ``sampling_alpha`` (BPE-dropout, Provilkov et
+                with probability `sampling_alpha` (BPE-dropout, Provilkov et
                 al., 2020; 0.1 there); for a unigram model segmentations are
-                sampled from all of them with smoothing ``sampling_alpha``
+                sampled from all of them with smoothing `sampling_alpha`
                 (Kudo, 2018). SentencePiece draws from its own random
                 generator, so sampled ids are not reproducible by a TF seed.
 
         Returns:
-            int32 ids in ``[1, vocab_size)``; ``PAD_ID`` (0) is never produced.
+            int32 ids in `[1, vocab_size)`; `PAD_ID` (0) is never produced.
             A sampled segmentation detokenizes to the same text as the best one.
         """
-        sampling_alpha = sampling_alpha or 0.0  # None: the best segmentation, as before
+        sampling_alpha = sampling_alpha or 0.0  # None: the best segmentation, like 0
         if not 0.0 <= sampling_alpha <= 1.0:
             raise ValueError(f"sampling_alpha must be in [0, 1], got {sampling_alpha!r}.")
         strings = tf.convert_to_tensor(strings, dtype=tf.string)
@@ -167,16 +165,16 @@ class Tokenizer(tf.Module):
     def detokenize(self, ids) -> tf.Tensor:
         """Decodes ids back to text.
 
-        Everything from the first ``EOS_ID`` on is dropped, and so are all
-        ``PAD_ID`` and ``BOS_ID`` tokens, so raw decoder output (``[BOS] y [EOS]
-        <pad>...`` or padded batches) can be passed directly.
+        Everything from the first `EOS_ID` on is dropped, and so are all
+        `PAD_ID` and `BOS_ID` tokens, so raw decoder output (`[BOS] y [EOS]
+        <pad>...` or padded batches) can be passed directly.
 
         Args:
-            ids: integer ids, dense (padded) or ``tf.RaggedTensor``; rank 1 (one
+            ids: integer ids, dense (padded) or `tf.RaggedTensor`; rank 1 (one
                 sequence) or rank 2 (a batch). NumPy arrays and lists work too.
 
         Returns:
-            A scalar ``tf.string`` for rank-1 input, a [batch] ``tf.string``
+            A scalar `tf.string` for rank-1 input, a [batch] `tf.string`
             tensor for rank-2 input.
         """
         if isinstance(ids, tf.RaggedTensor):
@@ -200,16 +198,16 @@ class Tokenizer(tf.Module):
         return self._sp.detokenize(tf.ragged.boolean_mask(ragged, keep))
 
     def id_to_piece(self, ids) -> tf.Tensor:
-        """In-graph id -> piece string (same shape as ``ids``; dense or ragged)."""
+        """In-graph id -> piece string (same shape as `ids`; dense or ragged)."""
         return self._sp.id_to_string(ids)
 
     # -- Python helpers -----------------------------------------------------
     def pieces(self, ids) -> list:
-        """Piece strings for ids, as Python ``str`` (e.g. attention-plot labels).
+        """Piece strings for ids, as Python `str` (e.g. attention-plot labels).
 
         Args:
-            ids: a 1-D sequence of ids (list, NumPy array or tensor) -> ``list[str]``;
-                2-D input gives a list of lists. Pad ids are kept (as ``"<pad>"``)
+            ids: a 1-D sequence of ids (list, NumPy array or tensor) -> `list[str]`;
+                2-D input gives a list of lists. Pad ids are kept (as `"<pad>"`)
                 so the result lines up with the attention matrix.
         """
         if isinstance(ids, tf.RaggedTensor):
@@ -221,11 +219,11 @@ class Tokenizer(tf.Module):
         return [self.pieces(x) for x in ids]
 
     def encode(self, text: str) -> list[int]:
-        """Python convenience: ids of one string (same ids as ``tokenize``)."""
+        """Python convenience: ids of one string (same ids as `tokenize`)."""
         return self._processor.encode(text)
 
     def save(self, path: str | os.PathLike) -> str:
-        """Writes the SentencePiece model (``model_proto``) to ``path``; returns it."""
+        """Writes the SentencePiece model (`model_proto`) to `path`; returns it."""
         path = os.fspath(path)
         with tf.io.gfile.GFile(path, "wb") as f:
             f.write(self._proto)
@@ -257,20 +255,18 @@ def train_tokenizer(
     """Trains a joint source-target SentencePiece vocabulary (BPE by default, §5.1).
 
     Pass the source and target training sentences together (e.g.
-    ``src_lines + tgt_lines``) so both languages share one vocabulary, as in the
+    `src_lines + tgt_lines`) so both languages share one vocabulary, as in the
     paper; this is also what makes tying the embedding matrices possible (§3.4).
 
     Training is deterministic: every sentence is used (no sampling), in the
     given order (no shuffling), the random seed is fixed and the thread count is
     fixed, so the same texts and arguments give the same vocabulary (the model
-    file also records ``model_prefix``, so it is byte-identical only for the
-    same prefix: compare vocabularies with ``vocabulary_difference``). On
-    Multi30k (29k en + 29k de lines, vocab 8000) it takes about a second on one
-    CPU core.
+    file also records `model_prefix`, so it is byte-identical only for the
+    same prefix: compare vocabularies with `vocabulary_difference`).
 
     Args:
         texts: iterable of sentences (str); blank lines are skipped.
-        model_prefix: writes ``{model_prefix}.model`` and ``{model_prefix}.vocab``;
+        model_prefix: writes `{model_prefix}.model` and `{model_prefix}.vocab`;
             parent directories are created.
         vocab_size: total vocabulary size including the 4 special ids.
         model_type: SentencePiece model type: "bpe" (paper), "unigram", "char"
@@ -289,17 +285,17 @@ def train_tokenizer(
         num_threads: trainer threads (recorded in the model, so it is fixed for
             reproducibility).
         seed: SentencePiece random seed.
-        **trainer_kwargs: any other ``spm.SentencePieceTrainer`` flag,
-            including ``input_sentence_size``, ``shuffle_input_sentence`` and
-            ``minloglevel``, which replace the defaults set here (0, False, 2).
+        **trainer_kwargs: any other `spm.SentencePieceTrainer` flag,
+            including `input_sentence_size`, `shuffle_input_sentence` and
+            `minloglevel`, which replace the defaults set here (0, False, 2).
 
     Returns:
-        The trained ``Tokenizer``.
+        The trained `Tokenizer`.
 
     Raises:
-        ValueError: ``texts`` has no sentence, or ``trainer_kwargs`` sets a
-            special token's id or piece (``keras_transformer.special_ids``
-            fixes them) or the input (``texts`` is the input).
+        ValueError: `texts` has no sentence, or `trainer_kwargs` sets a
+            special token's id or piece (`keras_transformer.special_ids`
+            fixes them) or the input (`texts` is the input).
     """
     model_prefix = os.fspath(model_prefix)
     refused = sorted(set(trainer_kwargs) & set(_FIXED_TRAINER_FLAGS))
@@ -345,7 +341,7 @@ def train_tokenizer(
 
 
 def _comparable_model(model):
-    """The ``ModelProto`` of a SentencePiece model (path or bytes), without the paths training recorded."""
+    """The `ModelProto` of a SentencePiece model (path or bytes), without the paths training recorded."""
     from google.protobuf.message import DecodeError
     from sentencepiece import sentencepiece_model_pb2
 
@@ -369,7 +365,7 @@ def vocabulary_difference(a, b) -> str | None:
 
     The same vocabulary: the same pieces (with their scores and types),
     normalization and trainer options. Only the paths training recorded
-    (``model_prefix``, ``input``) may differ, so the files can differ.
+    (`model_prefix`, `input`) may differ, so the files can differ.
     """
     first, second = _comparable_model(a), _comparable_model(b)
     if first == second:
@@ -394,18 +390,18 @@ def get_or_train_tokenizer(
     vocab_size: int = 8000,
     **train_kwargs,
 ) -> Tokenizer:
-    """Loads ``run_dir/spm.model`` if it exists, else trains it and saves it there.
+    """Loads `run_dir/spm.model` if it exists, else trains it and saves it there.
 
     Args:
         run_dir: run directory (created if needed).
         texts_fn: zero-argument callable returning the training sentences; only
             called when training is needed (so resuming a run reads no text).
         vocab_size: requested vocabulary size.
-        **train_kwargs: forwarded to ``train_tokenizer``.
+        **train_kwargs: forwarded to `train_tokenizer`.
 
     Raises:
         ValueError: if a cached model exists with a different vocabulary size
-            (its ids would not match a model configured for ``vocab_size``).
+            (its ids would not match a model configured for `vocab_size`).
     """
     run_dir = os.fspath(run_dir)
     path = os.path.join(run_dir, MODEL_FILENAME)

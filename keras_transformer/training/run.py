@@ -180,7 +180,7 @@ def check_optimizer_loaded(model, iterations, source, remedy):
     Keras skips a saved optimizer whose variables differ from the model's
     (with and without `--ema`) with a warning only: Adam's moments and the
     step of the learning-rate schedule would silently start over. `iterations`
-    None (a backup written before they were recorded): any but 0 will do.
+    None (a backup that does not record them): any but 0 will do.
     """
     loaded = int(model.optimizer.iterations.numpy())
     if loaded == iterations or (iterations is None and loaded > 0):

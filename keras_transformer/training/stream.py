@@ -190,10 +190,10 @@ class TrainingData:
     def validation(self, text):
         """The validation batches, tokenized and batched once and held in memory.
 
-        Keras drops its validation iterator before every evaluation; dropping
-        a live pipeline (tokenizer, parallel map, bucketing) blocked `fit` for
-        30-60 s at some epoch ends on a 2-core CPU. A dataset of ready tensors
-        has nothing to wind down, and a known length.
+        Keras drops its validation iterator at every evaluation, and dropping
+        a live pipeline (tokenizer, parallel map, bucketing) can block `fit`
+        at an epoch's end while it winds down. A dataset of ready tensors has
+        nothing to wind down, and a known length.
         """
         dataset = data.make_batches(
             text,
