@@ -128,7 +128,7 @@ def test_a_resume_that_would_not_load_the_optimizer_state_is_refused(tmp_path, s
     with pytest.raises(
         ValueError,
         match=r"optimizer state in .*state-00000002.weights.h5 was not loaded: the "
-        r"optimizer is at 0 updates, not 2.*another --ema",
+        r"optimizer is at 0 updates, not 2.*another ema",
     ):
         training.train(run_args(run_dir, spm500, max_steps=4, ema=0.9))
     assert training.train(run_args(run_dir, spm500, max_steps=4)).resumed_from == 2  # without --ema: it goes on

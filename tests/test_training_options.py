@@ -155,6 +155,36 @@ def lr_scale_args(scale):
     return args
 
 
+@pytest.mark.parametrize(
+    "options, parameter",
+    [
+        (dict(precision="float64"), "precision"),
+        (dict(time_budget=0), "time_budget"),
+        (dict(batch_tokens=0), "batch_tokens"),
+        (dict(batch_multiple=0), "batch_multiple"),
+        (dict(ema=1.5), "ema"),
+        (dict(ema=0.999, average_last=5), "ema"),
+        (dict(resume_optimizer=True), "resume_optimizer"),
+        (dict(early_stopping_patience=2), "early_stopping_patience"),
+        (dict(validate_bleu_every=10, validation_split=None), "validate_bleu_every"),
+        (dict(keep_checkpoints=0), "keep_checkpoints"),
+        (dict(average_last=-1), "average_last"),
+        (dict(average_fraction=0.5), "average_fraction"),
+        (dict(cooldown=2.0), "cooldown"),
+        (dict(lr_scale=0.0), "lr_scale"),
+    ],
+)
+def test_training_args_errors_name_the_field_not_a_flag(options, parameter):
+    """A bad option raises `ParameterError` naming the `TrainingArgs` field; the command line maps it to a flag."""
+    from keras_transformer.errors import ParameterError
+
+    with pytest.raises(ParameterError) as raised:
+        training.TrainingArgs(**options)
+    assert raised.value.parameter == parameter
+    assert str(raised.value).startswith(parameter + " ")
+    assert "--" not in str(raised.value)
+
+
 @pytest.mark.parametrize("scale", [1.0, 2.5])
 def test_lr_scale_multiplies_equation_3(tiny_runs, scale):
     """steps.csv logs the rate of the update just applied (step s: equation 3 at s), the optimizer's

@@ -123,9 +123,9 @@ def test_early_stopping_stops_after_patience_validations_without_improvement(cor
 
 
 def test_bleu_options_need_a_validation_split_and_each_other():
-    with pytest.raises(ValueError, match="validate_bleu_every needs a validation split"):
+    with pytest.raises(ValueError, match="validate_bleu_every needs a validation_split"):
         training.TrainingArgs(validate_bleu_every=10, validation_split=None)
-    with pytest.raises(ValueError, match="need validate_bleu_every"):
+    with pytest.raises(ValueError, match="keep_best needs validate_bleu_every"):
         training.TrainingArgs(keep_best=True)
     with pytest.raises(ValueError, match="bleu_search"):
         training.TrainingArgs(validate_bleu_every=10, bleu_search="sampling")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from keras_transformer.errors import ParameterError
 from keras_transformer.run_dir import BACKUP_DIR, TOKENIZER_FILENAME, load_run, model_config_of_run
 from keras_transformer.training.run import ResumePoint, check_optimizer_loaded
 
@@ -28,9 +29,10 @@ def model_config_from(init_dir, overrides):
     values = config.to_dict()
     fixed = sorted(k for k, v in overrides.items() if k not in ADJUSTABLE_FIELDS and values.get(k) != v)
     if fixed:
-        raise ValueError(
-            f"--init-from {init_dir}: the model's {', '.join(fixed)} cannot change when starting from its weights "
-            f"(only {', '.join(ADJUSTABLE_FIELDS)} can)."
+        raise ParameterError(
+            "init_from",
+            f"{init_dir}: the model's {', '.join(fixed)} cannot change when starting from its weights "
+            f"(only {', '.join(ADJUSTABLE_FIELDS)} can).",
         )
     values.update({k: v for k, v in overrides.items() if k in ADJUSTABLE_FIELDS})
     return type(config).from_dict(values)
@@ -47,13 +49,14 @@ def adopt_vocabulary(run_dir, init_dir):
     source = os.path.join(init_dir, TOKENIZER_FILENAME)
     target = os.path.join(run_dir, TOKENIZER_FILENAME)
     if not os.path.exists(source):
-        raise FileNotFoundError(f"--init-from {init_dir}: no {TOKENIZER_FILENAME} there.")
+        raise FileNotFoundError(f"init_from {init_dir} has no {TOKENIZER_FILENAME}.")
     if os.path.exists(target):
         difference = vocabulary_difference(source, target)
         if difference:
-            raise ValueError(
-                f"Vocabulary mismatch: {target} is not the vocabulary of {init_dir}, whose weights "
-                f"--init-from loads ({difference}). Use a new --output directory (the vocabulary is copied there)."
+            raise ParameterError(
+                "output",
+                f"{run_dir}: vocabulary mismatch: {target} is not the vocabulary of {init_dir}, whose weights "
+                f"init_from loads ({difference}). Use a new output directory (the vocabulary is copied there).",
             )
         return
     os.makedirs(run_dir, exist_ok=True)
@@ -68,13 +71,15 @@ def load_initial_weights(model, init_dir, resume_optimizer):
     if resume_optimizer:
         point = ResumePoint.read(os.path.join(init_dir, BACKUP_DIR))
         if point is None:
-            raise FileNotFoundError(f"--resume-optimizer: {init_dir} has no {BACKUP_DIR}/state.json to resume from.")
+            raise FileNotFoundError(
+                f"resume_optimizer: {init_dir} has no {BACKUP_DIR}/ to resume from (state.json and its weights)."
+            )
         model.load_weights(point.weights)
         check_optimizer_loaded(
             model,
             point.iterations,
             point.weights,
-            f"use the --ema of {init_dir} (its config.json), or leave out --resume-optimizer",
+            f"use the ema of {init_dir} (its config.json), or resume_optimizer False",
         )
         return f"weights and optimizer state of step {point.step}"
     source, _ = load_run(init_dir, dtype="float32")

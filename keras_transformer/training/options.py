@@ -10,6 +10,8 @@ import dataclasses
 import os
 from typing import Any
 
+from keras_transformer.errors import ParameterError
+
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 # "auto": the fastest of PRECISIONS on this machine (`keras_transformer.hardware.auto_precision`).
 PRECISION_CHOICES = ("auto",) + PRECISIONS
@@ -168,13 +170,15 @@ class TrainingArgs:
 
     def __post_init__(self):
         if self.precision not in PRECISION_CHOICES:
-            raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}.")
+            raise ParameterError("precision", f"must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}.")
         if self.time_budget is not None and not (
             isinstance(self.time_budget, (int, float))
             and not isinstance(self.time_budget, bool)
             and self.time_budget > 0
         ):
-            raise ValueError(f"time_budget must be a positive number of minutes or None, got {self.time_budget!r}.")
+            raise ParameterError(
+                "time_budget", f"must be a positive number of minutes or None, got {self.time_budget!r}."
+            )
         for name in (
             "vocab_size",
             "batch_tokens",
@@ -187,23 +191,24 @@ class TrainingArgs:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+                raise ParameterError(name, f"must be a positive integer, got {value!r}.")
         if self.ema is not None and not (isinstance(self.ema, float) and 0.0 < self.ema < 1.0):
-            raise ValueError(f"ema must be a decay between 0 and 1, got {self.ema!r}.")
+            raise ParameterError("ema", f"must be a decay between 0 and 1, got {self.ema!r}.")
         if self.ema is not None and self.average_last > 1:
-            raise ValueError("ema and average_last > 1 both choose the final weights: use one of them.")
+            raise ParameterError("ema", "and average_last > 1 both choose the final weights: use one of them.")
         if self.resume_optimizer and not self.init_from:
-            raise ValueError("resume_optimizer needs init_from (--init-from RUN_DIR).")
+            raise ParameterError("resume_optimizer", "needs init_from (the run directory to start from).")
         if self.init_from is not None and os.path.abspath(self.init_from) == os.path.abspath(self.output):
-            raise ValueError("init_from is the run directory itself: to continue a run, run the same command again.")
-        if self.bleu_search not in ("greedy", "beam"):
-            raise ValueError(f"bleu_search must be 'greedy' or 'beam', got {self.bleu_search!r}.")
-        if (self.keep_best or self.early_stopping_patience) and not self.validate_bleu_every:
-            raise ValueError(
-                "keep_best and early_stopping_patience need validate_bleu_every (--validate-bleu-every N)."
+            raise ParameterError(
+                "init_from", "is the run directory itself: to continue a run, run the same command again."
             )
+        if self.bleu_search not in ("greedy", "beam"):
+            raise ParameterError("bleu_search", f"must be 'greedy' or 'beam', got {self.bleu_search!r}.")
+        if (self.keep_best or self.early_stopping_patience) and not self.validate_bleu_every:
+            parameter = "keep_best" if self.keep_best else "early_stopping_patience"
+            raise ParameterError(parameter, "needs validate_bleu_every (steps between validation BLEU scores).")
         if self.validate_bleu_every and not self.validation_split:
-            raise ValueError("validate_bleu_every needs a validation split (--validation-split).")
+            raise ParameterError("validate_bleu_every", "needs a validation_split.")
         for name in (
             "epochs",
             "max_steps",
@@ -215,27 +220,29 @@ class TrainingArgs:
         ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
-        if self.keep_checkpoints < 1 or self.average_last < 0:
-            raise ValueError("keep_checkpoints must be >= 1 and average_last >= 0.")
+                raise ParameterError(name, f"must be a positive integer or None, got {value!r}.")
+        if self.keep_checkpoints < 1:
+            raise ParameterError("keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints!r}.")
+        if self.average_last < 0:
+            raise ParameterError("average_last", f"must be >= 0, got {self.average_last!r}.")
         if isinstance(self.subword_sampling, bool) or not 0.0 <= self.subword_sampling <= 1.0:
-            raise ValueError(f"subword_sampling must be in [0, 1], got {self.subword_sampling!r}.")
+            raise ParameterError("subword_sampling", f"must be in [0, 1], got {self.subword_sampling!r}.")
         if self.average_fraction is not None and (
             isinstance(self.average_fraction, bool) or not 0.0 < self.average_fraction <= 1.0
         ):
-            raise ValueError(
-                f"average_fraction must be a fraction of the run in (0, 1] or None, got {self.average_fraction!r}."
+            raise ParameterError(
+                "average_fraction", f"must be a fraction of the run in (0, 1] or None, got {self.average_fraction!r}."
             )
         if self.average_fraction is not None and self.average_last <= 1:
-            raise ValueError(
-                f"average_fraction ({self.average_fraction!r}) chooses among the checkpoints that "
-                f"average_last > 1 averages, and average_last is {self.average_last}: set "
-                "average_last (--average-last K) or average_fraction None (--average-fraction none)."
+            raise ParameterError(
+                "average_fraction",
+                f"({self.average_fraction!r}) chooses among the checkpoints that average_last > 1 averages, "
+                f"and average_last is {self.average_last}: set average_last to K > 1, or average_fraction to None.",
             )
         if isinstance(self.cooldown, bool) or not 0.0 <= self.cooldown <= 1.0:
-            raise ValueError(f"cooldown must be a fraction of the run in [0, 1], got {self.cooldown!r}.")
+            raise ParameterError("cooldown", f"must be a fraction of the run in [0, 1], got {self.cooldown!r}.")
         if not self.lr_scale > 0:
-            raise ValueError(f"lr_scale must be positive, got {self.lr_scale!r}.")
+            raise ParameterError("lr_scale", f"must be positive, got {self.lr_scale!r}.")
 
     def model_config_overrides(self):
         """`overrides`, with `max_length` when it is set."""

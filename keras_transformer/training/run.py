@@ -178,7 +178,7 @@ def check_optimizer_loaded(model, iterations, source, remedy):
     """Raises unless `model.load_weights(source)` loaded the optimizer state of `iterations` updates.
 
     Keras skips a saved optimizer whose variables differ from the model's
-    (with and without `--ema`) with a warning only: Adam's moments and the
+    (with and without `ema`) with a warning only: Adam's moments and the
     step of the learning-rate schedule would silently start over. `iterations`
     None (a backup that does not record them): any but 0 will do.
     """
@@ -188,7 +188,7 @@ def check_optimizer_loaded(model, iterations, source, remedy):
     raise ValueError(
         f"The optimizer state in {source} was not loaded: the optimizer is at {loaded} updates, not "
         f"{iterations if iterations is not None else 'those saved'}. Keras skips the state of an optimizer with "
-        f"other variables (another --ema): {remedy}."
+        f"other variables (another ema): {remedy}."
     )
 
 
