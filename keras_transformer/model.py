@@ -7,6 +7,9 @@
 Token id 0 is padding everywhere; every mask is derived from the ids.
 """
 
+import dataclasses
+from typing import NamedTuple
+
 import keras
 from keras import ops
 
@@ -19,9 +22,29 @@ from keras_transformer.layers import (
     PositionalEncoding,
     SharedEmbedding,
 )
+from keras_transformer.layers.base import LayerHyperparameters
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.optimization import create_optimizer
 from keras_transformer.special_ids import PAD_ID
+
+
+class TransformerAttention(NamedTuple):
+    """What `Transformer.attention_weights` returns: each layer's attention weights.
+
+    Attributes:
+        encoder: encoder self-attention, a list of `[B, h, S, S]`.
+        decoder: masked decoder self-attention, a list of `[B, h, T, T]`.
+        cross: encoder-decoder attention, a list of `[B, h, T, S]`.
+    """
+
+    encoder: list
+    decoder: list
+    cross: list
+
+
+def _real_tokens(token_ids):
+    """The padding mask of `token_ids`: True at real tokens (id 0 pads)."""
+    return ops.not_equal(token_ids, PAD_ID)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -46,7 +69,7 @@ class Transformer(keras.Model):
     `MaskedAccuracy`; any argument overrides its part.
 
     For decoding (see `keras_transformer.decoding`): `encode`,
-    `init_cache`, `decode_step`.
+    `init_cache`, `decode_step`; for inspection, `attention_weights`.
 
     Example:
     >>> model = Transformer(TransformerConfig.tiny(vocab_size=1000))
@@ -90,20 +113,7 @@ class Transformer(keras.Model):
         # "We apply dropout to the sums of the embeddings and the positional encodings" (§5.4).
         self.source_dropout = Dropout(c.dropout, dtype=self.dtype_policy, name="source_dropout")
         self.target_dropout = Dropout(c.dropout, dtype=self.dtype_policy, name="target_dropout")
-        stack = dict(
-            num_layers=c.num_layers,
-            num_heads=c.num_heads,
-            d_ff=c.d_ff,
-            key_dim=c.key_dim,
-            value_dim=c.value_dim,
-            dropout=c.dropout,
-            attention_dropout=c.attention_dropout,
-            activation=c.activation,
-            norm_first=c.norm_first,
-            layer_norm_epsilon=c.layer_norm_epsilon,
-            use_bias=c.use_bias,
-            dtype=self.dtype_policy,
-        )
+        stack = dict(num_layers=c.num_layers, **dataclasses.asdict(LayerHyperparameters.of(c)), dtype=self.dtype_policy)
         self.encoder = Encoder(**stack, name="encoder")
         self.decoder = Decoder(**stack, name="decoder")
         # Every shape is known from the config: create the weights now, so that
@@ -127,38 +137,67 @@ class Transformer(keras.Model):
 
     # The three parts of Figure 1 ---------------------------------------------------
 
-    def encode(self, source_ids, training=None, return_attention_scores=False):
+    def encode(self, source_ids, training=None):
         """Encoder stack: `source_ids [B, S]` -> memory `[B, S, d_model]`."""
-        x = self.source_embedding(source_ids)
-        x = self.source_dropout(self.source_positions(x), training=training)
         return self.encoder(
-            x,
-            padding_mask=ops.not_equal(source_ids, PAD_ID),
-            training=training,
-            return_attention_scores=return_attention_scores,
+            self._embed_source(source_ids, training), padding_mask=_real_tokens(source_ids), training=training
         )
 
-    def decode(
-        self, target_ids, memory, source_ids, training=None, return_attention_scores=False, logits_dtype="float32"
-    ):
+    def decode(self, target_ids, memory, source_ids, training=None, logits_dtype="float32"):
         """Decoder stack and output projection: logits `[B, T, vocab_size]` for every position.
 
         `logits_dtype=None` leaves them in the compute dtype (see `call`).
         """
-        y = self.target_embedding(target_ids)
-        y = self.target_dropout(self.target_positions(y), training=training)
         y = self.decoder(
-            y,
+            self._embed_target(target_ids, training),
             memory,
-            memory_padding_mask=ops.not_equal(source_ids, PAD_ID),
-            padding_mask=ops.not_equal(target_ids, PAD_ID),
+            memory_padding_mask=_real_tokens(source_ids),
+            padding_mask=_real_tokens(target_ids),
             training=training,
-            return_attention_scores=return_attention_scores,
         )
-        if return_attention_scores:
-            y, weights = y
-            return self._logits(y, logits_dtype), weights
         return self._logits(y, logits_dtype)
+
+    def attention_weights(self, source_ids, target_ids):
+        """Every attention's weights for one forward pass at inference, as a `TransformerAttention`.
+
+        Args:
+            source_ids: int `[B, S]`, 0-padded.
+            target_ids: int `[B, T]`, the decoder inputs (start token, then
+                the target shifted right).
+
+        Returns:
+            `TransformerAttention(encoder, decoder, cross)`: per layer,
+            `[B, h, S, S]`, `[B, h, T, T]` and `[B, h, T, S]` weights.
+
+        Example:
+        >>> model = Transformer(TransformerConfig.tiny(vocab_size=100))
+        >>> weights = model.attention_weights(ops.array([[5, 6, 3]]), ops.array([[2, 7]]))
+        >>> len(weights.encoder), tuple(weights.cross[0].shape)  # N layers; [B, h, T, S]
+        (2, (1, 4, 2, 3))
+        """
+        encoded = self.encoder.encode(
+            self._embed_source(source_ids, False), padding_mask=_real_tokens(source_ids), training=False
+        )
+        decoded = self.decoder.decode(
+            self._embed_target(target_ids, False),
+            encoded.output,
+            memory_padding_mask=_real_tokens(source_ids),
+            padding_mask=_real_tokens(target_ids),
+            training=False,
+        )
+        return TransformerAttention(
+            encoded.attention_weights, decoded.self_attention_weights, decoded.cross_attention_weights
+        )
+
+    def _embed_source(self, source_ids, training):
+        """Source embeddings plus positions, with dropout (§3.4, §3.5, §5.4)."""
+        x = self.source_embedding(source_ids)
+        return self.source_dropout(self.source_positions(x), training=training)
+
+    def _embed_target(self, target_ids, training):
+        """Target embeddings plus positions, with dropout (§3.4, §3.5, §5.4)."""
+        y = self.target_embedding(target_ids)
+        return self.target_dropout(self.target_positions(y), training=training)
 
     def _logits(self, y, dtype="float32", transposed_kernel=None):
         logits = self.output_projection.project(y, transposed_kernel)
@@ -226,15 +265,16 @@ class Transformer(keras.Model):
         """
         y = self.target_embedding(target_ids)
         y = self.target_positions(y, start_index=cache_index, positions=positions)
-        y, cache = self.decoder(
+        decoded = self.decoder.decode(
             y,
             memory,
-            memory_padding_mask=ops.not_equal(source_ids, PAD_ID),
+            memory_padding_mask=_real_tokens(source_ids),
             cache=cache,
             cache_index=cache_index,
             self_attention_mask=self_attention_mask,
             training=False,
         )
+        y, cache = decoded.output, decoded.cache
         return (self.step_logits(y, cache) if project else y), cache
 
     def step_logits(self, decoder_output, cache, dtype="float32"):

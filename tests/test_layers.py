@@ -87,7 +87,7 @@ def test_cross_attention_with_different_value_dim_and_padding():
     memory = rng.normal(size=(2, 7, 10)).astype("float32")
     layer = MultiHeadAttention(num_heads=3, key_dim=5, value_dim=2)
     mask = np.array([[1] * 7, [1] * 4 + [0] * 3], bool)[:, None, :]
-    got, weights = layer(query, memory, attention_mask=mask, return_attention_scores=True)
+    got, weights, _ = layer.attend(query, memory, attention_mask=mask)
     assert got.shape == (2, 3, 12)
     assert weights.shape == (2, 3, 3, 7)
     np.testing.assert_allclose(got, numpy_multi_head_attention(layer, query, memory, mask), atol=1e-5)
@@ -110,7 +110,7 @@ def test_attention_scaled_by_inverse_sqrt_key_dim():
     for kernel in (layer.query_kernel, layer.key_kernel, layer.value_kernel):
         kernel.assign(feature_selection)
     layer.output_kernel.assign(feature_selection.T)
-    _, weights = layer(x, return_attention_scores=True)
+    weights = layer.attend(x).weights
     # Query 0: head 0 q.k0 = 4, q.k1 = 0; head 1 q.k0 = 1, q.k1 = 0; sqrt(d_k) = sqrt(2).
     logits = np.array([[4.0, 0.0], [1.0, 0.0]]) / math.sqrt(key_dim)
     expected = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
@@ -125,13 +125,13 @@ def test_self_attention_cache_equals_full_pass():
     cache = layer.init_cache(2, 6)
     outputs = []
     for t in range(6):
-        out, cache = layer(x[:, t : t + 1], use_causal_mask=True, cache=cache, cache_index=t)
+        out, _, cache = layer.attend(x[:, t : t + 1], use_causal_mask=True, cache=cache, cache_index=t)
         outputs.append(out)
     np.testing.assert_allclose(np.concatenate(outputs, 1), full, atol=1e-5)
     # Two steps at once from the middle also agree.
     cache = layer.init_cache(2, 6)
-    _, cache = layer(x[:, :4], use_causal_mask=True, cache=cache, cache_index=0)
-    out, _ = layer(x[:, 4:], use_causal_mask=True, cache=cache, cache_index=4)
+    cache = layer.attend(x[:, :4], use_causal_mask=True, cache=cache, cache_index=0).cache
+    out = layer(x[:, 4:], use_causal_mask=True, cache=cache, cache_index=4)
     np.testing.assert_allclose(out, np.asarray(full)[:, 4:], atol=1e-5)
 
 
@@ -165,7 +165,8 @@ def test_growing_self_attention_cache_equals_full_pass():
 
     @tf.function(autograph=False)  # a plain graph, as in a SavedModel
     def step(inputs, cache, index):
-        return layer(inputs, use_causal_mask=True, cache=cache, cache_index=index)
+        result = layer.attend(inputs, use_causal_mask=True, cache=cache, cache_index=index)
+        return result.output, result.cache
 
     cache = layer.init_cache(2, 0)
     _, cache = step(x[:, :2], cache, tf.constant(0))  # two steps at once, then one by one
@@ -220,14 +221,15 @@ def test_xla_self_attention_past_the_cache_end_at_a_tensor_index_gives_nan():
 
     @tf.function(jit_compile=True)
     def step(inputs, index):
-        return layer(inputs, use_causal_mask=True, cache=layer.init_cache(1, 3), cache_index=index)
+        result = layer.attend(inputs, use_causal_mask=True, cache=layer.init_cache(1, 3), cache_index=index)
+        return result.output, result.cache
 
     out, (keys, values) = step(x, tf.constant(2))  # positions 2..3 of a 3-position cache
     assert np.isnan(np.asarray(out)).all()
     assert np.isnan(np.asarray(keys)).any() and np.isnan(np.asarray(values)).any()
     out, _ = step(x, tf.constant(1))  # positions 1..2 fit
     assert np.isfinite(np.asarray(out)).all()
-    expected, _ = layer(x, use_causal_mask=True, cache=layer.init_cache(1, 3), cache_index=1)  # eager
+    expected = layer(x, use_causal_mask=True, cache=layer.init_cache(1, 3), cache_index=1)  # eager
     np.testing.assert_allclose(out, expected, atol=1e-5)
 
 
@@ -313,7 +315,7 @@ def test_attention_heads_are_split_without_shape_ops_in_a_decoding_step():
     layer.build((None, 4, 8), (None, 5, 8))
     memory = tf.constant(np.random.default_rng(13).normal(size=(3, 5, 8)).astype("float32"))
     cache = layer.compute_key_value(memory)
-    traced = tf.function(lambda q: layer(q, memory, cache=cache)[0], input_signature=[tf.TensorSpec([None, 4, 8])])
+    traced = tf.function(lambda q: layer(q, memory, cache=cache), input_signature=[tf.TensorSpec([None, 4, 8])])
     op_types = {op.type for op in traced.get_concrete_function().graph.get_operations()}
     assert not op_types & SHAPE_OPS, op_types & SHAPE_OPS
     query = np.random.default_rng(14).normal(size=(3, 4, 8)).astype("float32")
@@ -445,14 +447,14 @@ def test_input_projection_computed_beforehand_gives_the_same_output(dtype, use_b
 
 
 def test_layers_with_extra_outputs_build_functional_models():
-    """Symbolic calls return the same structure as eager ones (attention weights, caches)."""
+    """Symbolic `attend`, `encode` and `decode` return the same structure as eager ones (attention weights)."""
     query, memory = keras.Input((5, 8)), keras.Input((3, 8))
-    output, weights = MultiHeadAttention(num_heads=2, key_dim=4)(query, return_attention_scores=True)
+    output, weights, _ = MultiHeadAttention(num_heads=2, key_dim=4).attend(query)
     assert tuple(output.shape) == (None, 5, 8) and tuple(weights.shape) == (None, 2, 5, 5)
-    encoded, encoder_weights = Encoder(num_layers=2, num_heads=2, d_ff=16)(query, return_attention_scores=True)
+    encoded, encoder_weights = Encoder(num_layers=2, num_heads=2, d_ff=16).encode(query)
     assert len(encoder_weights) == 2 and tuple(encoder_weights[0].shape) == (None, 2, 5, 5)
-    decoded, decoder_weights = Decoder(num_layers=1, num_heads=2, d_ff=16)(query, memory, return_attention_scores=True)
-    assert tuple(decoder_weights["cross"][0].shape) == (None, 2, 5, 3)
+    decoded, _, cross_weights, _ = Decoder(num_layers=1, num_heads=2, d_ff=16).decode(query, memory)
+    assert tuple(cross_weights[0].shape) == (None, 2, 5, 3)
     model = keras.Model([query, memory], [output, weights, encoded, decoded])
     outputs = model([np.ones((2, 5, 8), "float32"), np.ones((2, 3, 8), "float32")])
     assert [tuple(o.shape) for o in outputs] == [(2, 5, 8), (2, 2, 5, 5), (2, 5, 8), (2, 5, 8)]
@@ -486,8 +488,8 @@ def test_growing_cache_at_a_tensor_index_past_its_end_gives_nan_in_a_graph():
     x = np.random.default_rng(3).normal(size=(1, 1, 8)).astype("float32")
     layer(x)
     step = tf.function(lambda index: layer(x, use_causal_mask=True, cache=layer.init_cache(1, 2), cache_index=index))
-    assert np.isnan(np.asarray(step(tf.constant(3))[0])).all()
-    assert np.isfinite(np.asarray(step(tf.constant(2))[0])).all()  # grows the 2 rows by one
+    assert np.isnan(np.asarray(step(tf.constant(3)))).all()
+    assert np.isfinite(np.asarray(step(tf.constant(2)))).all()  # grows the 2 rows by one
 
 
 def test_learned_positions_past_the_table_give_nan_under_xla():

@@ -2,8 +2,8 @@
 
 `keras-transformer attention --model RUN_DIR "a sentence"` (or
 `attention_weights` and `plot_attention`) translates the
-sentence, reruns the model on the source and its translation with
-`return_attention_scores`, and draws one layer's heads of the encoder
+sentence, reruns the model on the source and its translation
+(`Transformer.attention_weights`), and draws one layer's heads of the encoder
 self-attention, the decoder self-attention and the encoder-decoder
 attention, with the subword tokens on the axes.
 
@@ -54,16 +54,15 @@ def attention_weights(translator, sentence, layer=-1):
     output_ids = output_ids.numpy()[0]
     output_ids = output_ids[output_ids != PAD_ID]
     target_in = np.concatenate([[BOS_ID], output_ids[:-1] if len(output_ids) else []]).astype("int32")[None]
-    memory, encoder_weights = model.encode(source_ids, return_attention_scores=True)
-    _, decoder_weights = model.decode(target_in, memory, source_ids, return_attention_scores=True)
+    weights = model.attention_weights(source_ids, target_in)
     return {
         "source_tokens": tokenizer.pieces(source_ids.numpy()[0]),
         "target_tokens": tokenizer.pieces(target_in[0]),
         "output_tokens": tokenizer.pieces(output_ids),
         "translation": tokenizer.detokenize(output_ids[None]).numpy()[0].decode("utf-8"),
-        "encoder": np.asarray(encoder_weights[layer])[0],
-        "decoder": np.asarray(decoder_weights["self"][layer])[0],
-        "cross": np.asarray(decoder_weights["cross"][layer])[0],
+        "encoder": np.asarray(weights.encoder[layer])[0],
+        "decoder": np.asarray(weights.decoder[layer])[0],
+        "cross": np.asarray(weights.cross[layer])[0],
     }
 
 

@@ -9,6 +9,7 @@ N heads, H per-head width (d_k or d_v), D model width.
 """
 
 import math
+from typing import Any, NamedTuple
 
 import keras
 from keras import ops
@@ -32,6 +33,21 @@ def in_place_cache_writes():
     dynamic-update-slice is an XLA op; other backends always have one.)
     """
     return compat.runs_with_xla_semantics()
+
+
+class AttentionOutput(NamedTuple):
+    """What `MultiHeadAttention.attend` returns.
+
+    Attributes:
+        output: `[B, T, output_dim]`, what `MultiHeadAttention.call` returns.
+        weights: the attention weights `[B, N, T, S]` (softmax of equation (1)).
+        cache: the updated self-attention cache `(keys, values)`, the
+            cross-attention cache given, or None without a cache.
+    """
+
+    output: Any
+    weights: Any
+    cache: Any
 
 
 def causal_mask(query_length, key_length, offset=0):
@@ -93,28 +109,29 @@ class MultiHeadAttention(keras.layers.Layer):
             alone. Other ranks raise.
         use_causal_mask: forbid query t to attend to keys after t (§3.2.3);
             with a self-attention cache, "after" counts from `cache_index`.
-        cache: see above.
+        training: enables dropout.
+        cache: see above; `attend` returns the updated cache.
         cache_index: int scalar, position of the first query in the cache.
             A preallocated cache must hold positions `[cache_index,
             cache_index + T)`, a growing one at most `cache_index` positions:
             a Python int that breaks this (or is negative) raises; a tensor
             one, checked only as it runs, makes the output NaN (XLA would
             clamp the write to the cache's end and cannot raise).
-        return_attention_scores: also return the weights `[B, N, T, S]`.
-        training: enables dropout.
         projection: `input_projection()` (with `self_attention` matching
             this call) computed beforehand, e.g. once per decoding search;
             default: built in this call.
 
     Returns:
-        `output` `[B, T, output_dim]`; `(output, weights)` with
-        `return_attention_scores`; the updated cache is appended last when a
-        cache is given.
+        `output` `[B, T, output_dim]`. `attend` takes the same arguments and
+        returns an `AttentionOutput`: the output, the attention weights
+        `[B, N, T, S]` and the updated cache.
 
     Example:
     >>> mha = MultiHeadAttention(num_heads=8, key_dim=64)
     >>> x = keras.random.normal((2, 10, 512))
-    >>> output, weights = mha(x, use_causal_mask=True, return_attention_scores=True)
+    >>> tuple(mha(x, use_causal_mask=True).shape)  # [B, T, D]
+    (2, 10, 512)
+    >>> output, weights, _ = mha.attend(x, use_causal_mask=True)
     >>> tuple(output.shape), tuple(weights.shape)  # [B, T, D], [B, N, T, S]
     ((2, 10, 512), (2, 8, 10, 10))
     >>> float(ops.max(ops.triu(weights, k=1)))  # no query attends to a later key
@@ -361,11 +378,11 @@ class MultiHeadAttention(keras.layers.Layer):
         key_value=None,
         attention_mask=None,
         use_causal_mask=False,
+        training=None,
         cache=None,
         cache_index=None,
-        return_attention_scores=False,
-        training=None,
         projection=None,
+        _full_result=False,
     ):
         for name, tensor in (("query", query), ("key_value", key_value)):
             if tensor is not None and len(tensor.shape) != 3:
@@ -396,13 +413,50 @@ class MultiHeadAttention(keras.layers.Layer):
             output = output + self.output_bias
         if poison is not None:  # NaN if the cache had no room for these positions
             output = output + ops.cast(poison, output.dtype)
+        if not _full_result:
+            return output
+        return (output, weights) if cache is None else (output, weights, cache)  # Keras outputs are tensors, not None
 
-        results = (output,)
-        if return_attention_scores:
-            results += (weights,)
-        if cache is not None:
-            results += (cache,)
-        return results[0] if len(results) == 1 else results
+    def attend(
+        self,
+        query,
+        key_value=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        cache=None,
+        cache_index=None,
+        training=None,
+        projection=None,
+    ):
+        """The attention's output with its weights and updated cache, as an `AttentionOutput`.
+
+        Runs the layer (`__call__`, so building, autocasting and the training
+        flag work as for `call`) and returns everything it computed. Arguments
+        as in `call`; with `cache` and `cache_index` for incremental decoding
+        (see the class docstring).
+
+        Returns:
+            `AttentionOutput(output, weights, cache)`.
+
+        Example:
+        >>> mha = MultiHeadAttention(num_heads=2, key_dim=4)
+        >>> x = keras.random.normal((1, 3, 8))
+        >>> result = mha.attend(x[:, :1], use_causal_mask=True, cache=mha.init_cache(1, 3), cache_index=0)
+        >>> tuple(result.output.shape), tuple(result.weights.shape), tuple(result.cache[0].shape)
+        ((1, 1, 8), (1, 2, 1, 3), (1, 2, 3, 4))
+        """
+        output, weights, *new_cache = self(
+            query,
+            key_value,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            training=training,
+            cache=cache,
+            cache_index=cache_index,
+            projection=projection,
+            _full_result=True,
+        )
+        return AttentionOutput(output, weights, new_cache[0] if new_cache else None)
 
     def get_config(self):
         config = super().get_config()

@@ -3,9 +3,13 @@
 Both are built from the same parts: multi-head attention (§3.2), the
 position-wise feed-forward network (§3.3) and the residual connection with
 dropout and layer normalization around each (§3.1, §5.4). `TransformerLayer`
-holds their shared hyperparameters and makes those parts; `TransformerStack`
-holds the hyperparameters of a stack of N such layers.
+holds their shared hyperparameters (`LayerHyperparameters`, the one list of
+them) and makes those parts; `TransformerStack` holds a stack of N such
+layers.
 """
+
+import dataclasses
+from typing import Any
 
 import keras
 
@@ -30,12 +34,17 @@ def resolve_head_dims(d_model, num_heads, key_dim, value_dim, where):
     return dims["key_dim"], dims["value_dim"]
 
 
-class TransformerLayer(keras.layers.Layer):
-    """Base of `EncoderLayer` and `DecoderLayer`: shared hyperparameters and sublayer factories.
+@dataclasses.dataclass
+class LayerHyperparameters:
+    """The hyperparameters every encoder and decoder layer takes, with their defaults (§3.1-§3.3, §5.4).
 
-    Args:
-        num_heads: h.
-        d_ff: inner width of the feed-forward network.
+    The one list of them: `TransformerLayer` and `TransformerStack` take
+    them as keyword arguments and serialize them, `Transformer` reads them
+    from its `TransformerConfig`.
+
+    Attributes:
+        num_heads: h (§3.2.2).
+        d_ff: inner width of the feed-forward network (§3.3).
         key_dim: d_k; default d_model // num_heads (§3.2.2).
         value_dim: d_v; default d_model // num_heads (§3.2.2), also when
             key_dim is given.
@@ -47,31 +56,53 @@ class TransformerLayer(keras.layers.Layer):
         use_bias: biases in the attention projections.
     """
 
-    def __init__(
-        self,
-        num_heads,
-        d_ff,
-        key_dim=None,
-        value_dim=None,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        use_bias=False,
-        **kwargs,
-    ):
+    num_heads: int
+    d_ff: int
+    key_dim: int | None = None
+    value_dim: int | None = None
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: Any = "relu"
+    norm_first: bool = False
+    layer_norm_epsilon: float = 1e-6
+    use_bias: bool = False
+
+    @classmethod
+    def take(cls, num_heads, d_ff, kwargs):
+        """The hyperparameters among `kwargs` (removed from it), with `num_heads` and `d_ff`."""
+        names = [field.name for field in dataclasses.fields(cls)]
+        return cls(num_heads, d_ff, **{name: kwargs.pop(name) for name in names if name in kwargs})
+
+    @classmethod
+    def of(cls, source):
+        """The hyperparameters read from the attributes of `source` (e.g. a `TransformerConfig`)."""
+        return cls(**{field.name: getattr(source, field.name) for field in dataclasses.fields(cls)})
+
+    def to_config(self):
+        """A JSON-friendly dict, the activation serialized."""
+        config = dataclasses.asdict(self)
+        config["activation"] = keras.activations.serialize(keras.activations.get(self.activation))
+        return config
+
+
+class TransformerLayer(keras.layers.Layer):
+    """Base of `EncoderLayer` and `DecoderLayer`: shared hyperparameters and sublayer factories.
+
+    Args:
+        num_heads: h.
+        d_ff: inner width of the feed-forward network.
+        **kwargs: the other `LayerHyperparameters` (key_dim, value_dim,
+            dropout, attention_dropout, activation, norm_first,
+            layer_norm_epsilon, use_bias), then the usual layer arguments.
+    """
+
+    def __init__(self, num_heads, d_ff, **kwargs):
+        hyperparameters = LayerHyperparameters.take(num_heads, d_ff, kwargs)
         super().__init__(**kwargs)
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.key_dim = key_dim
-        self.value_dim = value_dim
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.activation = keras.activations.get(activation)
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.use_bias = use_bias
+        self.hyperparameters = hyperparameters
+        for name, value in dataclasses.asdict(self.hyperparameters).items():
+            setattr(self, name, value)
+        self.activation = keras.activations.get(self.activation)
         self.supports_masking = True
 
     def make_feed_forward(self):
@@ -99,20 +130,7 @@ class TransformerLayer(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "key_dim": self.key_dim,
-                "value_dim": self.value_dim,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "activation": keras.activations.serialize(self.activation),
-                "norm_first": self.norm_first,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "use_bias": self.use_bias,
-            }
-        )
+        config.update(self.hyperparameters.to_config())
         return config
 
 
@@ -121,43 +139,23 @@ class TransformerStack(keras.layers.Layer):
 
     Args:
         num_layers: N.
-        **layer_kwargs: the `TransformerLayer` arguments, passed to every layer
-            (so d_k and d_v default to d_model // num_heads there, §3.2.2).
+        num_heads: h.
+        d_ff: inner width of the feed-forward network.
+        **kwargs: the other `LayerHyperparameters`, passed to every layer (so
+            d_k and d_v default to d_model // num_heads there, §3.2.2), then
+            the usual layer arguments.
     """
 
     layer_class = None  # set by subclasses
 
-    def __init__(
-        self,
-        num_layers,
-        num_heads,
-        d_ff,
-        key_dim=None,
-        value_dim=None,
-        dropout=0.1,
-        attention_dropout=0.0,
-        activation="relu",
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        use_bias=False,
-        **kwargs,
-    ):
+    def __init__(self, num_layers, num_heads, d_ff, **kwargs):
+        hyperparameters = LayerHyperparameters.take(num_heads, d_ff, kwargs)
         super().__init__(**kwargs)
         if num_layers <= 0:
             raise ValueError(f"{self.name}: num_layers must be positive, got {num_layers}.")
         self.num_layers = num_layers
-        self.layer_kwargs = dict(
-            num_heads=num_heads,
-            d_ff=d_ff,
-            key_dim=key_dim,
-            value_dim=value_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation=activation,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            use_bias=use_bias,
-        )
+        self.hyperparameters = hyperparameters
+        self.layer_kwargs = dataclasses.asdict(hyperparameters)
 
     def build_layers(self, *shapes):
         """Creates and builds the N layers (and the final pre-LN norm) for these input shapes."""
@@ -167,15 +165,14 @@ class TransformerStack(keras.layers.Layer):
             layer.build(*shapes)
             layers.append(layer)
         self.final_norm = None
-        if self.layer_kwargs["norm_first"]:
+        if self.hyperparameters.norm_first:
             self.final_norm = LayerNormalization(
-                epsilon=self.layer_kwargs["layer_norm_epsilon"], dtype=self.dtype_policy, name="final_norm"
+                epsilon=self.hyperparameters.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm"
             )
             self.final_norm.build(shapes[0])
         return layers
 
     def get_config(self):
         config = super().get_config()
-        config.update({"num_layers": self.num_layers, **self.layer_kwargs})
-        config["activation"] = keras.activations.serialize(keras.activations.get(config["activation"]))
+        config.update({"num_layers": self.num_layers, **self.hyperparameters.to_config()})
         return config

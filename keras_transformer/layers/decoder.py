@@ -6,11 +6,33 @@ encoder stack. [...] We also modify the self-attention sub-layer in the
 decoder stack to prevent positions from attending to subsequent positions."
 """
 
+from typing import Any, NamedTuple
+
 import keras
 from keras import ops
 
 from keras_transformer.layers.attention import causal_mask
 from keras_transformer.layers.base import TransformerLayer, TransformerStack
+
+
+class DecoderOutput(NamedTuple):
+    """What `DecoderLayer.decode` and `Decoder.decode` return.
+
+    Attributes:
+        output: `[B, T, d_model]`, what `call` returns.
+        self_attention_weights: the masked self-attention weights
+            `[B, h, T, S_self]`; from `Decoder`, a list with one per layer.
+        cross_attention_weights: the encoder-decoder attention weights
+            `[B, h, T, S]`; from `Decoder`, a list with one per layer.
+        cache: the updated decoding cache (`DecoderLayer`: the
+            self-attention `(keys, values)`; `Decoder`: the cache dict), or
+            None without a cache.
+    """
+
+    output: Any
+    self_attention_weights: Any
+    cross_attention_weights: Any
+    cache: Any
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -34,14 +56,13 @@ class DecoderLayer(TransformerLayer):
         cross_attention_cache: `(keys, values)` of `memory`, or None.
         cache_index: position of the first input step in the cache.
         training: enables dropout.
-        return_attention_scores: also return the self- and cross-attention weights.
         projections: `input_projections()` computed beforehand (e.g. once
             per decoding search), or None to build them in this call.
 
     Returns:
-        `outputs [B, T, d_model]`; then, with `return_attention_scores`,
-        `self_weights, cross_weights`; then, with a self-attention cache, the
-        updated cache.
+        `outputs [B, T, d_model]`. `decode` takes the same arguments and
+        returns a `DecoderOutput`: the outputs, both attentions' weights and
+        the updated self-attention cache.
 
     Example:
     >>> layer = DecoderLayer(num_heads=4, d_ff=128)
@@ -80,62 +101,78 @@ class DecoderLayer(TransformerLayer):
         self_attention_mask=None,
         memory_mask=None,
         use_causal_mask=False,
+        training=None,
         self_attention_cache=None,
         cross_attention_cache=None,
         cache_index=None,
-        training=None,
-        return_attention_scores=False,
         projections=None,
+        _full_result=False,
     ):
         projections = projections or {}
         x = inputs
         # 1. Masked multi-head self-attention.
-        y = self.self_attention(
+        self_attention = self.self_attention.attend(
             self.self_attention_connection.normalize(x),
             attention_mask=self_attention_mask,
             use_causal_mask=use_causal_mask and self_attention_mask is None,
             cache=self_attention_cache,
             cache_index=cache_index,
-            return_attention_scores=return_attention_scores,
             training=training,
             projection=projections.get("self"),
         )
-        y, self_weights, self_attention_cache = self._unpack(y, return_attention_scores, self_attention_cache)
-        x = self.self_attention_connection(x, y, training=training)
+        x = self.self_attention_connection(x, self_attention.output, training=training)
 
         # 2. Encoder-decoder attention: queries from the decoder, keys and values from the encoder.
-        y = self.cross_attention(
+        cross_attention = self.cross_attention.attend(
             self.cross_attention_connection.normalize(x),
             memory,
             attention_mask=memory_mask,
             cache=cross_attention_cache,
-            return_attention_scores=return_attention_scores,
             training=training,
             projection=projections.get("cross"),
         )
-        y, cross_weights, _ = self._unpack(y, return_attention_scores, cross_attention_cache)
-        x = self.cross_attention_connection(x, y, training=training)
+        x = self.cross_attention_connection(x, cross_attention.output, training=training)
 
         # 3. Position-wise feed-forward.
         y = self.feed_forward(self.feed_forward_connection.normalize(x))
         x = self.feed_forward_connection(x, y, training=training)
+        if not _full_result:
+            return x
+        result = (x, self_attention.weights, cross_attention.weights)
+        return result if self_attention.cache is None else (*result, self_attention.cache)  # no None in outputs
 
-        results = (x,)
-        if return_attention_scores:
-            results += (self_weights, cross_weights)
-        if self_attention_cache is not None:
-            results += (self_attention_cache,)
-        return results[0] if len(results) == 1 else results
+    def decode(
+        self,
+        inputs,
+        memory,
+        self_attention_mask=None,
+        memory_mask=None,
+        use_causal_mask=False,
+        training=None,
+        self_attention_cache=None,
+        cross_attention_cache=None,
+        cache_index=None,
+        projections=None,
+    ):
+        """The layer's outputs with both attentions' weights and the updated cache, as a `DecoderOutput`.
 
-    @staticmethod
-    def _unpack(result, with_weights, cache):
-        if not with_weights and cache is None:
-            return result, None, None
-        result = list(result)
-        output = result.pop(0)
-        weights = result.pop(0) if with_weights else None
-        new_cache = result.pop(0) if cache is not None else None
-        return output, weights, new_cache
+        Runs the layer (`__call__`) with the arguments of `call`; the cache
+        is None without `self_attention_cache`.
+        """
+        output, self_weights, cross_weights, *new_cache = self(
+            inputs,
+            memory,
+            self_attention_mask=self_attention_mask,
+            memory_mask=memory_mask,
+            use_causal_mask=use_causal_mask,
+            training=training,
+            self_attention_cache=self_attention_cache,
+            cross_attention_cache=cross_attention_cache,
+            cache_index=cache_index,
+            projections=projections,
+            _full_result=True,
+        )
+        return DecoderOutput(output, self_weights, cross_weights, new_cache[0] if new_cache else None)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -150,8 +187,9 @@ class Decoder(TransformerStack):
     `{"self": [...], "cross": [...]}`, one `(keys, values)` pair per layer:
     preallocated self-attention slots (outside XLA, `max_length=0` gives
     empty ones that grow by T per call) and the encoder output projected once.
-    `call(..., cache=cache, cache_index=i)` then decodes steps
-    `i .. i + T - 1` and returns `(outputs, new_cache)`. A cache may also
+    `decode(..., cache=cache, cache_index=i)` then decodes steps
+    `i .. i + T - 1` and returns their outputs with the new cache in a
+    `DecoderOutput`. A cache may also
     carry `cache["shared"]["decoder_projections"]`, the layers' input
     projections from `input_projections()`, computed once per search instead
     of at every step (`Transformer.init_cache` adds them).
@@ -170,15 +208,20 @@ class Decoder(TransformerStack):
             of the look-ahead mask from `cache_index`. Beam search passes
             each hypothesis's ancestry (see `keras_transformer.decoding`).
         training: enables dropout.
-        return_attention_scores: also return
-            `{"self": [per layer], "cross": [per layer]}` weights.
+
+    Returns:
+        `outputs [B, T, d_model]`. `decode` takes the same arguments and
+        returns a `DecoderOutput`: the outputs, each layer's attention
+        weights, and the updated cache.
 
     Example:
     >>> decoder = Decoder(num_layers=2, num_heads=4, d_ff=128)
     >>> y, memory = keras.random.normal((2, 5, 32)), keras.random.normal((2, 9, 32))
-    >>> outputs, weights = decoder(y, memory, return_attention_scores=True)
-    >>> tuple(outputs.shape), len(weights["self"]), tuple(weights["cross"][0].shape)
-    ((2, 5, 32), 2, (2, 4, 5, 9))
+    >>> tuple(decoder(y, memory).shape)
+    (2, 5, 32)
+    >>> result = decoder.decode(y, memory)
+    >>> len(result.self_attention_weights), tuple(result.cross_attention_weights[0].shape)
+    (2, (2, 4, 5, 9))
     """
 
     layer_class = DecoderLayer
@@ -209,7 +252,7 @@ class Decoder(TransformerStack):
         cache_index=None,
         self_attention_mask=None,
         training=None,
-        return_attention_scores=False,
+        _full_result=False,
     ):
         if cache is not None and cache_index is None:
             raise ValueError(f"{self.name}: decoding with a cache needs `cache_index`.")
@@ -235,7 +278,7 @@ class Decoder(TransformerStack):
         projections = None if cache is None else cache.get("shared", {}).get("decoder_projections")
         new_self_cache, self_weights, cross_weights = [], [], []
         for i, layer in enumerate(self.decoder_layers):
-            out = layer(
+            result = layer.decode(
                 x,
                 memory,
                 self_attention_mask=self_mask,
@@ -244,27 +287,46 @@ class Decoder(TransformerStack):
                 cross_attention_cache=None if cache is None else cache["cross"][i],
                 cache_index=cache_index,
                 training=training,
-                return_attention_scores=return_attention_scores,
                 projections=None if projections is None else projections[i],
             )
-            if not isinstance(out, (tuple, list)):
-                x = out
-                continue
-            out = list(out)
-            x = out.pop(0)
-            if return_attention_scores:
-                self_weights.append(out.pop(0))
-                cross_weights.append(out.pop(0))
-            if cache is not None:
-                new_self_cache.append(out.pop(0))
+            x = result.output
+            self_weights.append(result.self_attention_weights)
+            cross_weights.append(result.cross_attention_weights)
+            new_self_cache.append(result.cache)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        if not _full_result:
+            return x
+        # Only the self-attention entries change; the rest ("cross", and
+        # anything a caller keeps beside them) passes through.
+        new_cache = None if cache is None else {**cache, "self": new_self_cache}
+        return (x, self_weights, cross_weights) if cache is None else (x, self_weights, cross_weights, new_cache)
 
-        results = (x,)
-        if return_attention_scores:
-            results += ({"self": self_weights, "cross": cross_weights},)
-        if cache is not None:
-            # Only the self-attention entries change; the rest ("cross", and
-            # anything a caller keeps beside them) passes through.
-            results += ({**cache, "self": new_self_cache},)
-        return results[0] if len(results) == 1 else results
+    def decode(
+        self,
+        inputs,
+        memory,
+        memory_padding_mask=None,
+        padding_mask=None,
+        cache=None,
+        cache_index=None,
+        self_attention_mask=None,
+        training=None,
+    ):
+        """The stack's outputs with every layer's attention weights and the updated cache, as a `DecoderOutput`.
+
+        Runs the stack (`__call__`) with the arguments of `call`; the cache
+        is None without `cache`.
+        """
+        output, self_weights, cross_weights, *new_cache = self(
+            inputs,
+            memory,
+            memory_padding_mask=memory_padding_mask,
+            padding_mask=padding_mask,
+            cache=cache,
+            cache_index=cache_index,
+            self_attention_mask=self_attention_mask,
+            training=training,
+            _full_result=True,
+        )
+        return DecoderOutput(output, self_weights, cross_weights, new_cache[0] if new_cache else None)

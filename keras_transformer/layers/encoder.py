@@ -6,10 +6,25 @@ feed-forward network. We employ a residual connection around each of the two
 sub-layers, followed by layer normalization."
 """
 
+from typing import Any, NamedTuple
+
 import keras
 from keras import ops
 
 from keras_transformer.layers.base import TransformerLayer, TransformerStack
+
+
+class EncoderOutput(NamedTuple):
+    """What `EncoderLayer.encode` and `Encoder.encode` return.
+
+    Attributes:
+        output: `[B, S, d_model]`, what `call` returns.
+        attention_weights: the self-attention weights `[B, h, S, S]`; from
+            `Encoder`, a list with one per layer.
+    """
+
+    output: Any
+    attention_weights: Any
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -40,11 +55,14 @@ class EncoderLayer(TransformerLayer):
             when `attention_mask` is not given (so layers stacked in a
             functional model after `Embedding(mask_zero=True)` mask padding).
         training: enables dropout.
-        return_attention_scores: also return the weights `[B, h, S, S]`.
+
+    Returns:
+        `outputs [B, S, d_model]`. `encode` takes the same arguments and
+        returns an `EncoderOutput`: the outputs and the attention weights.
 
     Example:
     >>> layer = EncoderLayer(num_heads=4, d_ff=128)
-    >>> outputs, weights = layer(keras.random.normal((2, 9, 32)), return_attention_scores=True)
+    >>> outputs, weights = layer.encode(keras.random.normal((2, 9, 32)))
     >>> tuple(outputs.shape), tuple(weights.shape)  # [B, S, d_model], [B, h, S, S]
     ((2, 9, 32), (2, 4, 9, 9))
     """
@@ -60,23 +78,22 @@ class EncoderLayer(TransformerLayer):
         self.feed_forward_connection.build(input_shape)
         self.built = True
 
-    def call(self, inputs, attention_mask=None, mask=None, training=None, return_attention_scores=False):
+    def call(self, inputs, attention_mask=None, mask=None, training=None, _full_result=False):
         if attention_mask is None and mask is not None:
             # A Keras mask on the inputs (e.g. Embedding(mask_zero=True)) marks padded keys.
             attention_mask = ops.cast(mask, "bool")[:, None, :]
         x = inputs
-        y = self.self_attention(
-            self.self_attention_connection.normalize(x),
-            attention_mask=attention_mask,
-            return_attention_scores=return_attention_scores,
-            training=training,
+        attention = self.self_attention.attend(
+            self.self_attention_connection.normalize(x), attention_mask=attention_mask, training=training
         )
-        if return_attention_scores:
-            y, weights = y
-        x = self.self_attention_connection(x, y, training=training)
+        x = self.self_attention_connection(x, attention.output, training=training)
         y = self.feed_forward(self.feed_forward_connection.normalize(x))
         x = self.feed_forward_connection(x, y, training=training)
-        return (x, weights) if return_attention_scores else x
+        return (x, attention.weights) if _full_result else x
+
+    def encode(self, inputs, attention_mask=None, training=None):
+        """The layer's outputs with its attention weights, as an `EncoderOutput` (arguments as `call`)."""
+        return EncoderOutput(*self(inputs, attention_mask=attention_mask, training=training, _full_result=True))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -98,16 +115,17 @@ class Encoder(TransformerStack):
         padding_mask: bool `[B, S]`, True at real tokens. If omitted, a Keras
             mask on `inputs` (e.g. from `Embedding(mask_zero=True)`) is used.
         training: enables dropout.
-        return_attention_scores: also return a list of each layer's weights.
 
     Returns:
-        `[B, S, d_model]` (and the list of weights).
+        `[B, S, d_model]`. `encode` takes the same arguments and returns an
+        `EncoderOutput`: the outputs and the list of each layer's attention
+        weights.
 
     Example:
     >>> encoder = Encoder(num_layers=2, num_heads=4, d_ff=128)
     >>> x = keras.random.normal((2, 9, 32))
     >>> padding_mask = ops.arange(9) < ops.array([[9], [6]])  # the 2nd sentence has 6 tokens
-    >>> outputs, weights = encoder(x, padding_mask=padding_mask, return_attention_scores=True)
+    >>> outputs, weights = encoder.encode(x, padding_mask=padding_mask)
     >>> tuple(outputs.shape), len(weights)
     ((2, 9, 32), 2)
     >>> float(ops.max(weights[1][1, :, :, 6:]))  # no attention to the padding
@@ -124,21 +142,21 @@ class Encoder(TransformerStack):
         self.encoder_layers = self.build_layers(input_shape)
         self.built = True
 
-    def call(self, inputs, padding_mask=None, mask=None, training=None, return_attention_scores=False):
+    def call(self, inputs, padding_mask=None, mask=None, training=None, _full_result=False):
         if padding_mask is None:
             padding_mask = mask
         attention_mask = None if padding_mask is None else ops.cast(padding_mask, "bool")[:, None, :]
         x, all_weights = inputs, []
         for layer in self.encoder_layers:
-            x = layer(
-                x, attention_mask=attention_mask, training=training, return_attention_scores=return_attention_scores
-            )
-            if return_attention_scores:
-                x, weights = x
-                all_weights.append(weights)
+            x, weights = layer.encode(x, attention_mask=attention_mask, training=training)
+            all_weights.append(weights)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return (x, all_weights) if return_attention_scores else x
+        return (x, all_weights) if _full_result else x
+
+    def encode(self, inputs, padding_mask=None, training=None):
+        """The stack's outputs with each layer's attention weights, as an `EncoderOutput` (arguments as `call`)."""
+        return EncoderOutput(*self(inputs, padding_mask=padding_mask, training=training, _full_result=True))
 
     def compute_mask(self, inputs, mask=None):
         return mask
