@@ -120,7 +120,7 @@ def test_a_resume_that_would_not_load_the_optimizer_state_is_refused(tmp_path, s
     training.train(run_args(run_dir, spm500, max_steps=2))
     state = json.loads((run_dir / "backup" / "state.json").read_text())
     assert (state["step"], state["iterations"]) == (2, 2)
-    with pytest.raises(ValueError, match=r"--ema \(None -> 0.9\)"):
+    with pytest.raises(ValueError, match=r"ema \(None -> 0.9\)"):
         training.train(run_args(run_dir, spm500, max_steps=4, ema=0.9))
     config = json.loads((run_dir / "config.json").read_text())
     del config["training"]["ema"]

@@ -27,6 +27,7 @@ from keras_transformer import run_dir as run_layout
 from keras_transformer.cli import train as train_cli
 from keras_transformer.inference.evaluation import corpus_scores, format_scores
 from keras_transformer.training import loop
+from keras_transformer.training import run as training_run
 from keras_transformer.training import strategy as training_strategy
 from keras_transformer.training import stream as training_stream
 
@@ -196,11 +197,11 @@ def test_checkpoints_to_average_within_the_runs_final_fraction():
 
 @pytest.mark.parametrize("average_last", [0, 1])
 def test_average_fraction_without_an_average_is_refused(average_last):
-    """It chooses among the checkpoints --average-last averages: without them it would do nothing."""
+    """It chooses among the checkpoints `average_last` averages: without them it would do nothing."""
     with pytest.raises(
         ValueError,
-        match=r"average_fraction \(0.2\) chooses among .* average_last is "
-        f"{average_last}.*--average-fraction none",
+        match=r"^average_fraction \(0.2\) chooses among .* average_last is "
+        f"{average_last}.*average_fraction to None",
     ):
         training.TrainingArgs(average_fraction=0.2, average_last=average_last)
     assert training.TrainingArgs(average_fraction=0.2, average_last=2).average_fraction == 0.2
@@ -449,19 +450,22 @@ def test_resuming_with_another_model_is_refused(tmp_path, spm500):
     other = training.TrainingArgs(
         output=str(run_dir), preset="tiny", vocab_size=500, batch_tokens=999, overrides={"num_layers": 3}
     )
-    with pytest.raises(ValueError, match=r"model num_layers \(2 -> 3\); --batch-tokens \(4096 -> 999\)"):
-        loop._check_resume_config(str(run_dir), other, other.model_config())
-    assert loop._check_resume_config(str(run_dir), args, args.model_config()) is not None
+    with pytest.raises(
+        ValueError,
+        match=r"^output .*run holds a run with a different model num_layers \(2 -> 3\); batch_tokens \(4096 -> 999\)",
+    ):
+        training_run.check_resume_config(str(run_dir), other, other.model_config())
+    assert training_run.check_resume_config(str(run_dir), args, args.model_config()) is not None
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"warmup_steps": 100}, r"--warmup-steps \(4000 -> 100\)"),
-        ({"lr_scale": 2.0}, r"--lr-scale \(1.0 -> 2.0\)"),
-        ({"precision": "mixed_bfloat16"}, r"--precision \('float32' -> 'mixed_bfloat16'\)"),
-        ({"pad_to_multiple_of": 1}, r"--pad-to-multiple-of \(8 -> 1\)"),
-        ({"ema": 0.999}, r"--ema \(None -> 0.999\)"),  # another optimizer: Keras would skip loading its state
+        ({"warmup_steps": 100}, r"warmup_steps \(4000 -> 100\)"),
+        ({"lr_scale": 2.0}, r"lr_scale \(1.0 -> 2.0\)"),
+        ({"precision": "mixed_bfloat16"}, r"precision \('float32' -> 'mixed_bfloat16'\)"),
+        ({"pad_to_multiple_of": 1}, r"pad_to_multiple_of \(8 -> 1\)"),
+        ({"ema": 0.999}, r"ema \(None -> 0.999\)"),  # another optimizer: Keras would skip loading its state
     ],
 )
 def test_resuming_with_another_schedule_precision_or_batching_is_refused(tmp_path, spm500, change, message):
@@ -473,7 +477,7 @@ def test_resuming_with_another_schedule_precision_or_batching_is_refused(tmp_pat
     )
     other = training.TrainingArgs(**{**args.to_dict(), **change})
     with pytest.raises(ValueError, match=message):
-        loop._check_resume_config(str(run_dir), other, other.model_config())
+        training_run.check_resume_config(str(run_dir), other, other.model_config())
 
 
 def test_a_run_recorded_before_pad_to_multiple_of_resumes_only_with_its_buckets(tmp_path, spm500):
@@ -484,10 +488,10 @@ def test_a_run_recorded_before_pad_to_multiple_of_resumes_only_with_its_buckets(
     (run_dir / "config.json").write_text(
         json.dumps({"model": args.model_config().to_dict(), "training": recorded, "data": {}})
     )
-    assert loop._check_resume_config(str(run_dir), args, args.model_config()) is not None
+    assert training_run.check_resume_config(str(run_dir), args, args.model_config()) is not None
     other = training.TrainingArgs(**{**args.to_dict(), "pad_to_multiple_of": 1})
-    with pytest.raises(ValueError, match=r"--pad-to-multiple-of \(8 -> 1\)"):
-        loop._check_resume_config(str(run_dir), other, other.model_config())
+    with pytest.raises(ValueError, match=r"pad_to_multiple_of \(8 -> 1\)"):
+        training_run.check_resume_config(str(run_dir), other, other.model_config())
 
 
 @pytest.mark.parametrize("multiple", [1, 8])
@@ -720,8 +724,8 @@ def test_files_without_split_are_not_validated_on_as_val(tmp_path, spm500):
     output = new_run_dir(tmp_path / "run", spm500)
     with pytest.raises(
         ValueError,
-        match=r"validation split 'val' would be the training files .* "
-        r"no \{split\}.*--validation-split none",
+        match=r"^validation_split 'val' would read the training files .* "
+        r"no \{split\}.*validation_split to None",
     ):
         training.train(training.TrainingArgs(output=str(output), data=plain, preset="tiny", vocab_size=500))
     from keras_transformer.data import DataSpec

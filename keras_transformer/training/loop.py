@@ -31,6 +31,7 @@ import tensorflow as tf
 from keras_transformer import hardware
 from keras_transformer.data import DataSpec, load_dataset
 from keras_transformer.data.tokenizer import get_or_train_tokenizer
+from keras_transformer.errors import ParameterError
 from keras_transformer.losses import MaskedAccuracy
 from keras_transformer.model import Transformer
 from keras_transformer.optimization import create_optimizer
@@ -43,7 +44,6 @@ from keras_transformer.run_dir import (
     MODEL_FILENAME,
     atomic_write_text,
     list_checkpoints,
-    read_config,
     read_csv,
 )
 from keras_transformer.training import callbacks as run_callbacks
@@ -51,8 +51,8 @@ from keras_transformer.training import init_from
 from keras_transformer.training import strategy as strategies
 from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
 from keras_transformer.training.curves import plot_curves
-from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES, TrainingArgs, TrainingResult
-from keras_transformer.training.run import ResumePoint, Run, check_optimizer_loaded
+from keras_transformer.training.options import TrainingArgs, TrainingResult
+from keras_transformer.training.run import ResumePoint, Run, check_optimizer_loaded, check_resume_config
 from keras_transformer.training.stream import TrainingData
 from keras_transformer.training.validation_bleu import ValidationBleu, read_validation_texts
 
@@ -132,7 +132,7 @@ def _set_up(args, strategy):
     else:
         model_config = args.model_config()
     state = _State(args=args, strategy=strategy, run=run, model_config=model_config)
-    state.saved = _check_resume_config(run.run_dir, args, model_config)
+    state.saved = check_resume_config(run.run_dir, args, model_config)
     state.precision = args.precision
     if args.precision == "auto":
         state.precision, state.precision_reason = hardware.auto_precision()
@@ -162,7 +162,9 @@ def _prepare_data(state):
     state.training_data = TrainingData(args, state.tokenizer, text, num_replicas, max_length)
     state.steps_per_epoch = _steps_per_epoch(state, num_replicas)
     if state.steps_per_epoch < 1:
-        raise ValueError("No training batch: the data is smaller than one batch of --batch-tokens.")
+        raise ParameterError(
+            "batch_tokens", f"({args.batch_tokens}) is more than the training data: no training batch."
+        )
     run.steps_per_epoch = state.steps_per_epoch
     state.total_steps = args.max_steps or (args.epochs or 10) * state.steps_per_epoch
     if args.validation_split:
@@ -187,13 +189,14 @@ def _prepare_data(state):
 def _check_validation_files(spec, args):
     """Refuses a validation split that reads the training files ("files:" paths without `{split}`)."""
     if spec.kind != "files" or spec.split_name(args.validation_split) == "train":
-        return  # an explicit --validation-split train is what it says
+        return  # an explicit validation split "train" is what it says
     paths = spec.file_paths(args.validation_split, args.src, args.tgt)
     if paths == spec.file_paths("train", args.src, args.tgt):
-        raise ValueError(
-            f"--data {args.data}: the validation split {args.validation_split!r} would be the training files "
-            f"({', '.join(paths)}), as the paths have no {{split}}. Put {{split}} in them (files:data/{{split}}.en,"
-            "data/{split}.de reads data/train.* and data/val.*) or pass --validation-split none."
+        raise ParameterError(
+            "validation_split",
+            f"{args.validation_split!r} would read the training files of data {args.data!r} ({', '.join(paths)}), "
+            "as the paths have no {split}. Put {split} in them (files:data/{split}.en,data/{split}.de reads "
+            "data/train.* and data/val.*) or set validation_split to None.",
         )
 
 
@@ -486,29 +489,3 @@ def _fit_plan(step, total_steps, steps_per_epoch, steps_per_execution=1):
         per_epoch = steps_per_epoch if last_epoch - epoch > 1 else total_steps - step
         plan.append((epoch, last_epoch, per_epoch))
     return plan
-
-
-def _check_resume_config(run_dir, args, model_config):
-    """The first run's `config.json`, or None for a new run; refuses a resume that changes the experiment.
-
-    The error names each changed option with the value of the run and the one given.
-    """
-    if not os.path.exists(os.path.join(run_dir, CONFIG_FILENAME)):
-        return None
-    saved = read_config(run_dir)
-    problems = []
-    saved_model, model = saved.get("model", {}), model_config.to_dict()
-    for key in sorted(set(saved_model) | set(model)):
-        if saved_model.get(key) != model.get(key):
-            problems.append(f"model {key} ({saved_model.get(key)!r} -> {model.get(key)!r})")
-    # A run recorded before an option existed had its legacy value.
-    saved_training = {**RESUME_LEGACY_VALUES, **saved.get("training", {})}
-    for key in RESUME_FIXED:
-        if key in saved_training and saved_training[key] != getattr(args, key):
-            problems.append(f"--{key.replace('_', '-')} ({saved_training[key]!r} -> {getattr(args, key)!r})")
-    if problems:
-        raise ValueError(
-            f"{run_dir} holds a run with a different {'; '.join(problems)}. Use the same options to "
-            "continue it, or another --output directory."
-        )
-    return saved

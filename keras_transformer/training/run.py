@@ -9,17 +9,21 @@ import json
 import os
 import time
 
+from keras_transformer.errors import ParameterError
 from keras_transformer.run_dir import (
     BACKUP_DIR,
     BLEU_FILENAME,
     CHECKPOINT_DIR,
+    CONFIG_FILENAME,
     HISTORY_FILENAME,
     STEPS_FILENAME,
     atomic_write_text,
     checkpoint_path,
     list_checkpoints,
+    read_config,
     save_model_weights,
 )
+from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES
 from keras_transformer.training.strategy import strategy_worker
 
 
@@ -190,6 +194,47 @@ def check_optimizer_loaded(model, iterations, source, remedy):
         f"{iterations if iterations is not None else 'those saved'}. Keras skips the state of an optimizer with "
         f"other variables (another ema): {remedy}."
     )
+
+
+def check_resume_config(run_dir, args, model_config):
+    """The first run's `config.json`, or None for a new run; refuses a resume that changes the experiment.
+
+    A resume may change how a run is carried out (checkpoints, logs, the
+    time budget) but not what it trains: the model configuration and the
+    options of `options.RESUME_FIXED` (data, batches, schedule, precision)
+    must be those the run was started with.
+
+    Args:
+        run_dir: the run directory (`TrainingArgs.output`).
+        args: the `TrainingArgs` of this process.
+        model_config: the `TransformerConfig` it would train.
+
+    Returns:
+        the first run's `config.json` as a dict, or None if `run_dir` holds no run.
+
+    Raises:
+        ParameterError: (`output`) naming each changed field with the run's value and the one given.
+    """
+    if not os.path.exists(os.path.join(run_dir, CONFIG_FILENAME)):
+        return None
+    saved = read_config(run_dir)
+    problems = []
+    saved_model, model = saved.get("model", {}), model_config.to_dict()
+    for key in sorted(set(saved_model) | set(model)):
+        if saved_model.get(key) != model.get(key):
+            problems.append(f"model {key} ({saved_model.get(key)!r} -> {model.get(key)!r})")
+    # A run recorded before an option existed had its legacy value.
+    saved_training = {**RESUME_LEGACY_VALUES, **saved.get("training", {})}
+    for key in RESUME_FIXED:
+        if key in saved_training and saved_training[key] != getattr(args, key):
+            problems.append(f"{key} ({saved_training[key]!r} -> {getattr(args, key)!r})")
+    if problems:
+        raise ParameterError(
+            "output",
+            f"{run_dir} holds a run with a different {'; '.join(problems)}. Use the same options to "
+            "continue it, or another output directory.",
+        )
+    return saved
 
 
 def _filter_csv(path, keep):
