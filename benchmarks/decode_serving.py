@@ -219,7 +219,7 @@ def request_plans(work_dir, sentences, client="translate"):
         return lambda request_size, concurrency: request_size
     if client != "translate":
         raise ValueError(f"client must be 'translate' or 'file', got {client!r}")
-    from keras_transformer.inference.translator import even_batches, length_order
+    from keras_transformer.inference.batching import even_batches, length_order
 
     order = length_order(sentences)
 

@@ -1,20 +1,22 @@
 """The run directory: what training writes and what inference and export read.
 
-Layout (`keras-transformer train --output RUN_DIR`)::
+Layout (`keras-transformer train --output RUN_DIR`):
 
-    config.json      model TransformerConfig + training options + data spec
-    spm.model        the SentencePiece vocabulary (reused if present)
-    checkpoints/     ckpt-00001000.weights.h5 ...: model weights every
-                     --checkpoint-every steps (the last --keep-checkpoints kept,
-                     at least --average-last)
-    backup/          full training state (model + optimizer) of the last
-                     checkpoint, for resuming; written atomically
-    logs/            TensorBoard (train/ and validation/)
-    history.csv      one row per epoch (keras.callbacks.CSVLogger)
-    steps.csv        loss, accuracy, learning rate and tokens/s every --log-every steps
-    bleu.csv         validation BLEU every --validate-bleu-every steps (with it)
-    curves.png       training and validation loss/accuracy (written at the end)
-    model.keras      the final model (averaged if --average-last > 1), float32
+```text
+config.json      model TransformerConfig + training options + data spec
+spm.model        the SentencePiece vocabulary (reused if present)
+checkpoints/     ckpt-00001000.weights.h5 ...: model weights every
+                 --checkpoint-every steps (the last --keep-checkpoints kept,
+                 at least --average-last)
+backup/          full training state (model + optimizer) of the last
+                 checkpoint, for resuming; written atomically
+logs/            TensorBoard (train/ and validation/)
+history.csv      one row per epoch (keras.callbacks.CSVLogger)
+steps.csv        loss, accuracy, learning rate and tokens/s every --log-every steps
+bleu.csv         validation BLEU every --validate-bleu-every steps (with it)
+curves.png       training and validation loss/accuracy (written at the end)
+model.keras      the final model (averaged if --average-last > 1), float32
+```
 
 This module is shared by `keras_transformer.training` (which writes it) and
 `keras_transformer.inference` (which reads it). Inference imports nothing of
@@ -31,8 +33,9 @@ import re
 from keras_transformer import compat
 
 CONFIG_FILENAME = "config.json"
+# The SentencePiece vocabulary: a run directory's, and the asset an export carries (assets/spm.model).
 TOKENIZER_FILENAME = "spm.model"
-MODEL_FILENAME = "model.keras"
+FINAL_MODEL_FILENAME = "model.keras"
 HISTORY_FILENAME = "history.csv"
 STEPS_FILENAME = "steps.csv"
 BLEU_FILENAME = "bleu.csv"
@@ -128,13 +131,13 @@ def weights_file(run_dir, checkpoint=None):
     Raises:
         FileNotFoundError: the run has neither, or `checkpoint` does not exist.
     """
-    final = os.path.join(run_dir, MODEL_FILENAME)
+    final = os.path.join(run_dir, FINAL_MODEL_FILENAME)
     if checkpoint is None and os.path.exists(final):
         return final
     if checkpoint in (None, "latest"):
         checkpoints = list_checkpoints(run_dir)
         if not checkpoints:
-            raise FileNotFoundError(f"{run_dir} has neither {MODEL_FILENAME} nor checkpoints.")
+            raise FileNotFoundError(f"{run_dir} has neither {FINAL_MODEL_FILENAME} nor checkpoints.")
         return checkpoints[-1][1]
     if not os.path.exists(checkpoint):
         raise FileNotFoundError(f"Checkpoint {checkpoint} does not exist.")
@@ -156,7 +159,7 @@ def load_run(run_dir, checkpoint=None, dtype=None):
 
     tokenizer = Tokenizer(os.path.join(run_dir, TOKENIZER_FILENAME))
     path = weights_file(run_dir, checkpoint)
-    if path == os.path.join(run_dir, MODEL_FILENAME):
+    if path == os.path.join(run_dir, FINAL_MODEL_FILENAME):
         # compile=False then compile(): compile_from_config would build the optimizer,
         # allocating Adam's moments that a model loaded to translate or evaluate never uses.
         model = keras.saving.load_model(path, compile=False)

@@ -4,6 +4,7 @@
 stdout holds the translations and nothing else (the progress bar goes to stderr).
 """
 
+import argparse
 import io
 import json
 import os
@@ -87,6 +88,27 @@ def test_translate_precision_and_early_stopping_options(tiny_run_dir, capsys):
             )
             assert out.out == "\n".join(expected) + "\n", options
     assert outputs[("--precision", "float32")] == outputs[()]
+
+
+def test_a_parameter_the_library_refuses_is_named_by_its_flag(tiny_run_dir, capsys):
+    """The library names `n_best`; the command line says `--n-best`, on one line of stderr, exit status 2."""
+    argv = ["translate", "--model", tiny_run_dir, "--sampling-topk", "10", "--n-best", "2", "A dog."]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "keras-transformer translate: --n-best 2: must be between 1 and the beam size 4 (and no sampling), got 2.\n"
+    )
+
+
+def test_every_parameter_flag_is_a_flag_of_its_command():
+    """`cli.PARAMETER_FLAGS` names only flags its commands have (a renamed flag would leave it stale)."""
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(cli.PARAMETER_FLAGS) == set(commands)
+    for command, flags in cli.PARAMETER_FLAGS.items():
+        options = {option for action in commands[command]._actions for option in action.option_strings}
+        assert set(flags.values()) <= options, (command, set(flags.values()) - options)
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
@@ -507,10 +529,14 @@ def test_translate_saved_model_version_directory(saved_model_versions, capsys):
     assert out.out == "\n".join(expected[2]) + "\n"
 
 
-def test_saved_model_refuses_what_it_cannot_do_with_clear_errors(saved_model_versions):
+def test_saved_model_refuses_what_it_cannot_do_with_clear_errors(saved_model_versions, capsys):
     base, _, sentences, _ = saved_model_versions
+    assert cli.main(["translate", "--model", base, "--n-best", "2", *sentences]) == 2
+    assert capsys.readouterr().err == (
+        f"keras-transformer translate: --n-best 2: cannot be given: {base}/10 was exported without a "
+        "translate_n_best signature.\n"
+    )
     for flags, message in (
-        (["--n-best", "2"], "no translate_n_best signature"),
         (["--sampling-temperature", "0.5"], "is a SavedModel, .*sampling needs"),
         (["--batch-size", "0"], "batch_size must be between 1 and 1024, got 0"),
         (["--batch-size", "2000"], "batch_size must be between 1 and 1024, got 2000"),

@@ -27,14 +27,20 @@ from conftest import TINY_RUN_VOCAB as VOCAB
 from keras_transformer import cli
 from keras_transformer.data.corpora import read_lines
 from keras_transformer.inference.saved_model import (
-    ASSET_FILENAME,
     PYTHON_OPS,
     export_saved_model,
     list_versions,
     saved_model_ops,
 )
 from keras_transformer.inference.translator import Translator
-from keras_transformer.run_dir import build_model, checkpoint_path, load_run, model_config_of_run, save_model_weights
+from keras_transformer.run_dir import (
+    TOKENIZER_FILENAME,
+    build_model,
+    checkpoint_path,
+    load_run,
+    model_config_of_run,
+    save_model_weights,
+)
 
 EXTRA = 10  # max_extra_length at export (50 in the paper; small to keep the test fast)
 BIN = os.path.dirname(sys.executable)
@@ -205,7 +211,7 @@ def test_layout_and_asset(exported, run_dir, served):
     assert os.listdir(os.path.join(exported, "variables"))
     with open(os.path.join(run_dir, "spm.model"), "rb") as f:
         spm_bytes = f.read()
-    with open(os.path.join(exported, "assets", ASSET_FILENAME), "rb") as f:
+    with open(os.path.join(exported, "assets", TOKENIZER_FILENAME), "rb") as f:
         assert f.read() == spm_bytes
     with open(os.path.join(exported, "assets", "export.json")) as f:
         info = json.load(f)
@@ -226,7 +232,7 @@ def test_layout_and_asset(exported, run_dir, served):
     # The loaded SavedModel's Asset points at its own assets/ copy.
     import hashlib
 
-    assert served["asset"] == os.path.join(exported, "assets", ASSET_FILENAME)
+    assert served["asset"] == os.path.join(exported, "assets", TOKENIZER_FILENAME)
     assert served["asset_sha"] == hashlib.sha256(spm_bytes).hexdigest()
 
 

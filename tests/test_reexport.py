@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from keras_transformer import cli
-from keras_transformer.inference.saved_model import export_saved_model, is_export_dir, load_export
+from keras_transformer.inference.export_dirs import is_export_dir
+from keras_transformer.inference.export_sources import DecodingOptions, load_export
+from keras_transformer.inference.saved_model import export_run, reexport
 from keras_transformer.inference.translator import SavedModelTranslator
 from keras_transformer.run_dir import load_run
 
@@ -41,7 +43,9 @@ def first_export(tiny_run_dir, tmp_path_factory):
     (run / "config.json").write_text(json.dumps({**config, "training": TRAINING}))
     base = tmp_path_factory.mktemp("saved_models") / "tiny"
     # mixed_bfloat16: a precision "auto" never picks, so keeping it is the re-export's doing.
-    return export_saved_model(str(run), str(base), dtype="mixed_bfloat16", metadata=METADATA, n_best=2, **OPTIONS)
+    return export_run(
+        str(run), str(base), DecodingOptions(**OPTIONS), dtype="mixed_bfloat16", metadata=METADATA, n_best=2
+    )
 
 
 def test_load_export_gives_the_run_model(tiny_run_dir, first_export):
@@ -57,7 +61,7 @@ def test_load_export_gives_the_run_model(tiny_run_dir, first_export):
 
 
 def test_reexport_keeps_options_metadata_and_answers(first_export, tmp_path):
-    again = export_saved_model(first_export, str(tmp_path / "again"))
+    again = reexport(first_export, str(tmp_path / "again"))
     before, after = _info(first_export), _info(again)
     assert after["decoding"] == before["decoding"]
     assert {k: after["decoding"][k] for k in OPTIONS} == OPTIONS
@@ -73,18 +77,18 @@ def test_reexport_keeps_options_metadata_and_answers(first_export, tmp_path):
 
 
 def test_reexport_options_can_change(first_export, tmp_path):
-    again = export_saved_model(first_export, str(tmp_path / "other"), beam_size=2, metadata={"note": "new"})
+    again = reexport(first_export, str(tmp_path / "other"), DecodingOptions(beam_size=2), metadata={"note": "new"})
     info = _info(again)
     assert info["decoding"]["beam_size"] == 2 and info["decoding"]["alpha"] == OPTIONS["alpha"]
     assert info["metadata"] == {"note": "new"}
     # Other options without new metadata: the old scores no longer describe this export.
-    info = _info(export_saved_model(first_export, str(tmp_path / "float32"), dtype="float32"))
+    info = _info(reexport(first_export, str(tmp_path / "float32"), dtype="float32"))
     assert info["precision"] == "float32" and info["precision_choice"] is None
     assert "metadata" not in info
     assert info["reexported_from"]["metadata"] == METADATA
     assert info["reexported_from"]["precision"] == "mixed_bfloat16"
     # A second re-export keeps the chain back to the run.
-    twice = _info(export_saved_model(os.path.join(str(tmp_path / "float32"), "1"), str(tmp_path / "twice")))
+    twice = _info(reexport(os.path.join(str(tmp_path / "float32"), "1"), str(tmp_path / "twice")))
     assert twice["reexported_from"]["reexported_from"]["source"] == _info(first_export)["source"]
 
 

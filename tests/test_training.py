@@ -362,15 +362,16 @@ def test_a_batch_multiple_the_replicas_cannot_share_is_refused_before_training(t
 
     with pytest.raises(
         ValueError,
-        match=r"^--batch-multiple 3 is not a multiple of the 2 replicas: .* Pass a "
-        r"multiple of 2 \(e\.g\. 4\) or leave --batch-multiple out",
-    ):
+        match=r"^batch_multiple 3 is not a multiple of the 2 replicas: .* Give a "
+        r"multiple of 2 \(e\.g\. 4\) or None",
+    ) as refused:
         training_strategy.check_batch_multiple(3, 2)
+    assert refused.value.parameter == "batch_multiple"
     for batch_multiple, replicas in ((None, 2), (4, 2), (2, 1), (8, 8)):
         training_strategy.check_batch_multiple(batch_multiple, replicas)
     # train() refuses it first: before the run directory, the vocabulary or any data.
     two_replicas = types.SimpleNamespace(num_replicas_in_sync=2)
-    with pytest.raises(ValueError, match="--batch-multiple 3 is not a multiple of the 2 replicas"):
+    with pytest.raises(ValueError, match="batch_multiple 3 is not a multiple of the 2 replicas"):
         training.train(training.TrainingArgs(output=str(tmp_path / "run"), batch_multiple=3), strategy=two_replicas)
     assert not (tmp_path / "run").exists()
 
@@ -406,8 +407,8 @@ def test_time_budget_is_refused_with_multi_worker_strategy():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["is_multi_worker"] and result["without_budget"] == "accepted"
-    assert "--time-budget is not supported with MultiWorkerMirroredStrategy" in result["with_budget"]
-    assert "Pass --time-budget none" in result["with_budget"]
+    assert "time_budget is not supported with MultiWorkerMirroredStrategy" in result["with_budget"]
+    assert "Give none" in result["with_budget"]
 
 
 def test_auto_precision_run_records_what_it_chose(tmp_path, spm500, capsys, monkeypatch):

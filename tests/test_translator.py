@@ -127,7 +127,7 @@ def test_concurrent_batches_give_the_same_translations_in_order(translator):
 
 
 def test_batches_are_even_and_keep_every_worker_busy():
-    from keras_transformer.inference.translator import even_batches
+    from keras_transformer.inference.batching import even_batches
 
     def sizes(count, batch_size, workers):
         batches = even_batches(np.arange(count), batch_size, workers)
@@ -143,7 +143,7 @@ def test_batches_are_even_and_keep_every_worker_busy():
 
 
 def test_each_round_of_batches_is_dealt_the_same_lengths():
-    from keras_transformer.inference.translator import even_batches
+    from keras_transformer.inference.batching import even_batches
 
     order = np.arange(100, 110)  # sentence indices, longest first
     # Two workers, one round: the sentences are dealt in turn, so both get long and short ones.

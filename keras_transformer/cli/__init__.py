@@ -16,6 +16,8 @@ import importlib
 import os
 import sys
 
+from keras_transformer.errors import ParameterError
+
 # Command modules, in the order of --help.
 COMMAND_MODULES = (
     "keras_transformer.cli.train",
@@ -26,6 +28,74 @@ COMMAND_MODULES = (
     "keras_transformer.cli.attention",
     "keras_transformer.cli.export",
 )
+
+
+# The flags that set the library's parameters, per command: a `ParameterError` names the parameter, the
+# command line the flag the user typed.
+_DECODING_FLAGS = {
+    "beam_size": "--beam",
+    "alpha": "--alpha",
+    "max_extra_length": "--max-extra-length",
+    "early_stopping": "--early-stopping",
+}
+_MODEL_FLAGS = {
+    **_DECODING_FLAGS,
+    "precision": "--precision",
+    "dtype": "--precision",
+    "checkpoint": "--checkpoint",
+    "batch_size": "--batch-size",
+}
+PARAMETER_FLAGS = {
+    "train": {
+        "time_budget": "--time-budget",
+        "batch_multiple": "--batch-multiple",
+        "batch_tokens": "--batch-tokens",
+        "init_from": "--init-from",
+        "resume_optimizer": "--resume-optimizer",
+        "validate_bleu_every": "--validate-bleu-every",
+        "keep_best": "--keep-best",
+        "early_stopping_patience": "--early-stopping-patience",
+        "validation_split": "--validation-split",
+        "average_last": "--average-last",
+        "average_fraction": "--average-fraction",
+    },
+    "average-checkpoints": {},
+    "translate": {
+        **_MODEL_FLAGS,
+        "n_best": "--n-best",
+        "top_k": "--sampling-topk",
+        "temperature": "--sampling-temperature",
+    },
+    "evaluate": _MODEL_FLAGS,
+    "score": {"checkpoint": "--checkpoint", "batch_size": "--batch-size"},
+    "attention": {"beam_size": "--beam", "alpha": "--alpha", "max_extra_length": "--max-extra-length"},
+    "export": {
+        **_DECODING_FLAGS,
+        "max_input_length": "--max-input-length",
+        "checkpoint": "--checkpoint",
+        "dtype": "--precision",
+        "n_best": "--n-best",
+        "version": "--version",
+        "warmup_sentences": "--warmup-sentences",
+    },
+}
+
+
+def parameter_error_message(command, args, error):
+    """`keras-transformer COMMAND: --flag VALUE: message` for a `ParameterError` that `command` raised.
+
+    Example:
+        >>> import argparse
+        >>> args = argparse.Namespace(n_best=2)
+        >>> parameter_error_message("translate", args, ParameterError("n_best", "must be at most 1"))
+        'keras-transformer translate: --n-best 2: must be at most 1'
+    """
+    flag = PARAMETER_FLAGS.get(command, {}).get(error.parameter)
+    if flag is None:  # a parameter no flag of the command sets: named as the library names it
+        return f"keras-transformer {command}: {error}"
+    value = getattr(args, flag[2:].replace("-", "_"), None)
+    given = f"{flag} {value}" if value is not None and not isinstance(value, bool) else flag
+    return f"keras-transformer {command}: {given}: {error.message}"
 
 
 def build_parser():
@@ -42,7 +112,11 @@ def build_parser():
 def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except ParameterError as error:  # a value the library refuses: named by the flag that gave it
+        print(parameter_error_message(args.command, args, error), file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

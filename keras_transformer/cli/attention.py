@@ -2,7 +2,7 @@
 
 import os
 
-from keras_transformer.cli.decoding_options import add_search_options, load_run_translator
+from keras_transformer.cli.decoding_options import add_search_options, run_translator_from_args
 
 
 def register(subparsers):
@@ -29,7 +29,7 @@ def run(args):
         )
     if is_blank(args.sentence):  # checked before the model loads
         raise SystemExit("attention: nothing to show: the sentence is blank (it translates to an empty string).")
-    translator = load_run_translator(
+    translator = run_translator_from_args(
         args, "attention", beam_size=args.beam, alpha=args.alpha, max_extra_length=args.max_extra_length
     )
     num_layers = translator.model.config.num_layers

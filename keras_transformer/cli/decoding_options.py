@@ -13,6 +13,7 @@ from keras_transformer.decoding.defaults import (
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
 )
+from keras_transformer.errors import ParameterError
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
@@ -82,12 +83,16 @@ def add_model_options(parser):
     )
 
 
-def load_translator(args, command):
+def translator_from_args(args, command):
     """The translator the options describe; a missing model or a refused option ends `command` with a message.
 
     First gives each of the batches `Translator.translate` keeps in flight its
     share of the cores (`cli.threads`), before TensorFlow starts.
     """
+    if not os.path.isdir(args.model):
+        raise SystemExit(
+            f"{command}: --model {args.model}: no such directory (expected a run directory or a SavedModel)."
+        )
     set_pools_for(DEFAULT_TRANSLATE_WORKERS)
     from keras_transformer.inference.translator import load_translator
 
@@ -111,7 +116,7 @@ def load_translator(args, command):
         )
 
 
-def load_run_translator(args, command, **options):
+def run_translator_from_args(args, command, **options):
     """A `Translator` of the training run directory `args.model` (score, attention), or `command`'s end message."""
     from keras_transformer.inference.translator import Translator
 
@@ -128,6 +133,8 @@ def _loading_errors(command, path):
 
     try:
         yield
+    except ParameterError:
+        raise  # named by its flag (`cli.main`)
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"{command}: {error}") from None
     except tf.errors.NotFoundError as error:  # e.g. a directory without the run's spm.model

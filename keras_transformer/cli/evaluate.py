@@ -2,8 +2,9 @@
 
 import json
 
-from keras_transformer.cli.decoding_options import add_model_options, load_translator
+from keras_transformer.cli.decoding_options import add_model_options, translator_from_args
 from keras_transformer.cli.text_files import read_lines
+from keras_transformer.errors import ParameterError
 
 
 def register(subparsers):
@@ -52,9 +53,11 @@ def run(args):
         raise SystemExit(f"evaluate: {args.src} has {len(sources)} lines but {args.ref} has {len(references)}.")
     if not sources:  # checked before the model loads
         raise SystemExit(f"evaluate: {args.src} and {args.ref} have no sentences.")
-    translator = load_translator(args, "evaluate")
+    translator = translator_from_args(args, "evaluate")
     try:
         hypotheses = translator.translate(sources, batch_size=args.batch_size, progress=args.progress)
+    except ParameterError:
+        raise  # named by its flag (`cli.main`)
     except ValueError as error:  # an option the model refuses: --batch-size
         raise SystemExit(f"evaluate: {error}") from None
     result = corpus_scores(hypotheses, references, lang=args.tgt_lang)

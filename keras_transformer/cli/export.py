@@ -2,6 +2,7 @@
 
 from keras_transformer.cli.decoding_options import add_search_options
 from keras_transformer.cli.text_files import read_lines
+from keras_transformer.errors import ParameterError
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
@@ -103,7 +104,11 @@ def run(args):
             n_best=args.n_best,
             warmup_sentences=warmup_sentences,
         )
-    except (FileExistsError, FileNotFoundError, ImportError, ValueError) as error:
+    except ParameterError:
+        raise  # named by its flag (`cli.main`)
+    except FileExistsError as error:
+        raise SystemExit(f"export: {error} (--version, --overwrite)") from None
+    except (FileNotFoundError, ImportError, ValueError) as error:
         raise SystemExit(f"export: {error}") from None
     print(path)
     return 0

@@ -2,8 +2,9 @@
 
 import sys
 
-from keras_transformer.cli.decoding_options import load_run_translator
+from keras_transformer.cli.decoding_options import run_translator_from_args
 from keras_transformer.cli.text_files import read_lines
+from keras_transformer.errors import ParameterError
 
 
 def register(subparsers):
@@ -36,7 +37,7 @@ def run(args):
         raise SystemExit(f"score: {args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}.")
     if args.batch_size < 1:  # checked before the model loads
         raise SystemExit(f"score: --batch-size must be at least 1, got {args.batch_size}.")
-    translator = load_run_translator(args, "score", checkpoint=args.checkpoint)
+    translator = run_translator_from_args(args, "score", checkpoint=args.checkpoint)
     try:
         scores = score_pairs(translator, sources, targets, batch_size=args.batch_size, normalize=args.normalize)
     except TargetTooLongError as error:
@@ -44,6 +45,8 @@ def run(args):
             f"score: {args.tgt} line {error.index + 1}: the target has {error.pieces} pieces, more "
             f"than the {error.max_pieces} the model's learned positions allow."
         ) from None
+    except ParameterError:
+        raise  # named by its flag (`cli.main`)
     except ValueError as error:
         raise SystemExit(f"score: {error}") from None
     for score in scores:

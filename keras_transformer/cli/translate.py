@@ -2,8 +2,9 @@
 
 import sys
 
-from keras_transformer.cli.decoding_options import add_model_options, load_translator
+from keras_transformer.cli.decoding_options import add_model_options, translator_from_args
 from keras_transformer.cli.text_files import read_lines, read_stdin_lines
+from keras_transformer.errors import ParameterError
 
 
 def register(subparsers):
@@ -55,13 +56,15 @@ def read_sentences(args):
 def run(args):
     if args.sentences and args.input:
         raise SystemExit("translate: give sentences as arguments or --input, not both.")
-    translator = load_translator(args, "translate")
+    translator = translator_from_args(args, "translate")
     sentences = read_sentences(args)
     try:
         translations = translator.translate(
             sentences, batch_size=args.batch_size, progress=not args.sentences and not args.quiet, n_best=args.n_best
         )
-    except ValueError as error:  # an option the model refuses: --batch-size, --n-best
+    except ParameterError:
+        raise  # named by its flag (`cli.main`)
+    except ValueError as error:  # an option the model refuses: --batch-size
         raise SystemExit(f"translate: {error}") from None
     for index, result in enumerate(translations):
         if args.n_best is None:

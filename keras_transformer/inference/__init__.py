@@ -1,9 +1,13 @@
 """Inference and serving: from a trained model to translations, scores and exported models (§6.1).
 
 - `translator`: `Translator` (tokenizer + model + beam search in one graph),
-  `SavedModelTranslator`, `load_translator`.
-- `saved_model`: `export_saved_model`: a SavedModel for TensorFlow Serving,
-  strings in, translations out.
+  `SavedModelTranslator`, and `load_translator`, which gives either for a path.
+- `batching`: the one batching routine both translators' `translate` use.
+- `saved_model`: a SavedModel for TensorFlow Serving, strings in,
+  translations out: `export_run`, `reexport`, `export_translator`, and
+  `export_saved_model`, which picks one by its source.
+- `export_sources`: the `Translator` each kind of source exports, and
+  `DecodingOptions`.
 - `signatures`: the exported signatures' names, input and outputs.
 - `serving_warmup`: the requests TensorFlow Serving replays when it loads an
   export (`assets.extra/tf_serving_warmup_requests`).
@@ -24,12 +28,16 @@ import importlib
 # `keras_transformer.inference.precision` (whose choices the command line offers) does
 # not pull in the translator, the export and their libraries.
 _EXPORTS = {
+    "DecodingOptions": "keras_transformer.inference.export_sources",
     "SavedModelTranslator": "keras_transformer.inference.translator",
     "Translator": "keras_transformer.inference.translator",
     "corpus_scores": "keras_transformer.inference.evaluation",
+    "export_run": "keras_transformer.inference.saved_model",
     "export_saved_model": "keras_transformer.inference.saved_model",
+    "export_translator": "keras_transformer.inference.saved_model",
     "format_scores": "keras_transformer.inference.evaluation",
     "load_translator": "keras_transformer.inference.translator",
+    "reexport": "keras_transformer.inference.saved_model",
 }
 
 __all__ = sorted(_EXPORTS)

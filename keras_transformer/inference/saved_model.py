@@ -18,19 +18,21 @@ truncated to the model's `max_length` tokens; invalid UTF-8 -> replaced by
 U+FFFD; empty batch -> empty outputs).
 
 Layout, the one TensorFlow Serving watches (`--model_base_path` = `output_dir`;
-it serves the highest numbered version)::
+it serves the highest numbered version):
 
-    output_dir/
-        1/
-            saved_model.pb        graph + signature (the SentencePiece model is in it too,
-                                  as the tokenizer op's attribute)
-            variables/            the Transformer's weights
-            assets/spm.model      the SentencePiece model, a tf.saved_model.Asset
-            assets/export.json    decoding options and model config, for reference
-            assets.extra/tf_serving_warmup_requests
-                                  requests TF Serving replays on loading (`serving_warmup`)
-            fingerprint.pb
-        2/ ...
+```text
+output_dir/
+    1/
+        saved_model.pb        graph + signature (the SentencePiece model is in it too,
+                              as the tokenizer op's attribute)
+        variables/            the Transformer's weights
+        assets/spm.model      the SentencePiece model, a tf.saved_model.Asset
+        assets/export.json    decoding options and model config, for reference
+        assets.extra/tf_serving_warmup_requests
+                              requests TF Serving replays on loading (`serving_warmup`)
+        fingerprint.pb
+    2/ ...
+```
 
 Each export writes a new version (highest existing + 1, starting at 1)
 unless `version` is given. The version is written under a temporary name
@@ -45,18 +47,18 @@ TensorFlow plus tensorflow-text's SentencePiece ops (TF Serving links
 `@org_tensorflow_text//tensorflow_text:ops_lib`); no `PyFunc`, no XLA. Every
 export is checked for Python ops (`saved_model_ops`).
 
-    from keras_transformer.inference import export_saved_model
-    path = export_saved_model("runs/multi30k", "saved_models/multi30k_en_de")   # .../1
-
-    keras-transformer export runs/multi30k --output saved_models/multi30k_en_de
+What is exported: `export_run` (a training run directory), `reexport` (an
+exported version, written again with this version's graph) and
+`export_translator` (a `Translator` as it is); `export_saved_model` picks
+one by its source, as `keras-transformer export RUN_DIR --output BASE` does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
-import re
 import tempfile
 import time
 import uuid
@@ -64,12 +66,6 @@ import uuid
 import tensorflow as tf
 
 from keras_transformer import compat
-from keras_transformer.decoding.defaults import (
-    DEFAULT_ALPHA,
-    DEFAULT_BEAM_SIZE,
-    DEFAULT_EARLY_STOPPING,
-    EXTRA_OUTPUT_LENGTH,
-)
 from keras_transformer.inference.export_dirs import (
     INFO_FILENAME,
     is_export_dir,
@@ -79,9 +75,20 @@ from keras_transformer.inference.export_dirs import (
     read_export_info,
     recorded_n_best,
 )
+from keras_transformer.inference.export_sources import (
+    DECODING_OPTION_NAMES,
+    DecodingOptions,
+    load_export,
+    n_best_to_export,
+    run_training_options,
+    translator_of_export,
+    translator_of_run,
+    with_decoding,
+)
 from keras_transformer.inference.precision import resolve_decoding_precision
 from keras_transformer.inference.serving_warmup import warmup_for_export
 from keras_transformer.inference.signatures import INPUT_NAME, N_BEST_SIGNATURE_NAME, OUTPUT_NAMES, SIGNATURE_NAME
+from keras_transformer.run_dir import TOKENIZER_FILENAME
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +96,12 @@ __all__ = [
     "SIGNATURE_NAME",
     "INPUT_NAME",
     "OUTPUT_NAMES",
-    "ASSET_FILENAME",
+    "DecodingOptions",
+    "export_run",
     "export_saved_model",
+    "export_translator",
     "load_export",
+    "reexport",
     "is_export_dir",
     "read_export_info",
     "next_version",
@@ -99,8 +109,6 @@ __all__ = [
     "saved_model_ops",
     "check_serving_ops",
 ]
-
-ASSET_FILENAME = "spm.model"
 
 # Ops that run Python: a model server has no Python interpreter to run them.
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -130,7 +138,7 @@ class _ServingModule(tf.Module):
             n_best_fn = tf.function(lambda inputs: translator.n_best_strings(inputs, n_best), input_signature=[spec])
             self.translate_n_best = n_best_fn.get_concrete_function()
             self.serving_signatures[N_BEST_SIGNATURE_NAME] = self.translate_n_best
-        self.sentencepiece_model = tf.saved_model.Asset(asset_paths[ASSET_FILENAME])
+        self.sentencepiece_model = tf.saved_model.Asset(asset_paths[TOKENIZER_FILENAME])
         self.export_info = tf.saved_model.Asset(asset_paths[INFO_FILENAME])
 
 
@@ -171,141 +179,261 @@ def check_serving_ops(export_dir):
 # Export ---------------------------------------------------------------------------------
 
 
-def _variable_key(name):
-    """A variable's name without what Keras makes unique per process: the model's own name (the first part)
-    and seed generators' numbers ("transformer_3/encoder/layer_0/.../seed_generator_14/...:0" ->
-    "encoder/layer_0/.../seed_generator/...")."""
-    return re.sub(r"seed_generator_\d+", "seed_generator", name.split(":")[0].split("/", 1)[-1])
+def export_run(
+    run_dir,
+    output_dir,
+    decoding=None,
+    *,
+    checkpoint=None,
+    dtype=None,
+    version=None,
+    overwrite=False,
+    n_best=None,
+    metadata=None,
+    warmup_sentences="auto",
+):
+    """Writes a training run's model as a SavedModel to `output_dir/<version>/`; returns that path.
 
+    Args:
+        run_dir: the training run directory (`keras_transformer.run_dir`).
+        output_dir: the model's base directory (TF Serving's `--model_base_path`),
+            e.g. `saved_models/multi30k_en_de`; created if needed.
+        decoding: `DecodingOptions` fixed in the export and recorded in
+            `export.json`; those not given are §6.1's (beam 4, alpha 0.6, 50
+            extra tokens, "exact" early stopping, the model's `max_length`).
+        checkpoint: export this checkpoint (path or "latest") instead of the
+            final `model.keras`.
+        dtype: the dtype policy the exported graph computes in. "auto" or None
+            (default) picks "bfloat16" where this machine computes it natively
+            (a CPU with AVX512_BF16 / AMX-BF16, or GPUs of compute capability
+            8.0+), else "float32" (`inference.precision.auto_decoding_precision`).
+            Recorded in `export.json` ("precision", and "precision_choice"
+            with the reason for "auto").
+        version, overwrite, n_best, metadata, warmup_sentences: as
+            `export_translator`; `warmup_sentences="auto"` takes the first
+            validation sources of the run's data where they can be read. The
+            run's training options (its `config.json`'s: the first run's; a
+            resume's changes are in `resumes.jsonl`) are recorded as `training`.
 
-def load_export(export_dir, dtype=None):
-    """The model and tokenizer inside an exported version: `(Transformer, Tokenizer, export.json as a dict)`.
-
-    An export's graph is traced once and for all: one written by an older
-    version decodes with that version's search. This rebuilds the
-    `Transformer` that its `export.json` describes, under `dtype` (default
-    the precision it was exported in), and loads the weights its variables
-    hold, so `export_saved_model(export_dir, ...)` writes the same model with
-    this version's graph. (The weights are those the export stores: a
-    bfloat16 export's are bfloat16 values, whatever `dtype`.)
+    Returns:
+        `output_dir/<version>` (str).
 
     Raises:
-        ValueError: the export records no model, or its variables are not
-            the described model's (another number, name or shape).
+        FileExistsError: `version` exists and `overwrite` is False.
+        FileNotFoundError: `run_dir` is no directory.
+        ValueError: `run_dir` is a SavedModel not written by this package, or
+            a base directory of exported versions.
     """
-    import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
+    from keras_transformer.run_dir import weights_file
 
-    from keras_transformer.config import TransformerConfig
-    from keras_transformer.data.tokenizer import Tokenizer
-    from keras_transformer.run_dir import build_model
-
-    export_dir = os.fspath(export_dir)
-    info = read_export_info(export_dir)
-    if not info.get("model"):
-        raise ValueError(f"{export_dir}: its {INFO_FILENAME} records no model configuration to rebuild.")
-    model = build_model(TransformerConfig.from_dict(info["model"]), dtype=dtype or info["precision"])
-    saved = tf.saved_model.load(export_dir).model_variables
-    pairs = list(zip(model.variables, saved))
-    differing = next(
-        (
-            index
-            for index, (variable, value) in enumerate(pairs)
-            if (_variable_key(variable.path), tuple(variable.shape)) != (_variable_key(value.name), tuple(value.shape))
-        ),
-        None,
-    )
-    problem = None
-    if len(saved) != len(model.variables):
-        problem = f"the model has {len(model.variables)} variables, the export {len(saved)}"
-    elif differing is not None:
-        variable, value = pairs[differing]
-        problem = (
-            f"variable {differing} is {value.name} {tuple(value.shape)} in the export, "
-            f"{variable.path} {tuple(variable.shape)} in the model"
-        )
-    if problem:
-        raise ValueError(
-            f"{export_dir}: its variables are not those of the model its {INFO_FILENAME} describes: {problem}."
-        )
-    for variable, value in pairs:
-        variable.assign(value)
-    model.compile()
-    return model, Tokenizer(os.path.join(export_dir, "assets", ASSET_FILENAME)), info
+    output_dir, version = os.fspath(output_dir), _new_version(output_dir, version, overwrite)
+    dtype, precision_choice = resolve_decoding_precision("auto" if dtype is None else dtype)
+    write_warmup = warmup_for_export(warmup_sentences, run_dir)  # bad sentences are refused before the slow part
+    translator = translator_of_run(run_dir, decoding, checkpoint, dtype)
+    n_best = n_best_to_export(n_best, None, translator, run_dir)
+    info = _export_info(translator, version, n_best, precision_choice)
+    info.update(source=os.fspath(run_dir), weights=weights_file(os.fspath(run_dir), checkpoint))
+    training = run_training_options(os.fspath(run_dir))
+    if training:
+        info["training"] = training
+    if metadata:
+        info["metadata"] = metadata
+    return _write_version(translator, output_dir, version, overwrite, info, n_best, write_warmup)
 
 
-# Decoding options of a run directory's export unless given (§6.1).
-_RUN_DECODING_DEFAULTS = dict(
-    beam_size=DEFAULT_BEAM_SIZE,
-    alpha=DEFAULT_ALPHA,
-    max_extra_length=EXTRA_OUTPUT_LENGTH,
-    max_input_length=None,
-    early_stopping=DEFAULT_EARLY_STOPPING,
-)
+def reexport(
+    export_dir,
+    output_dir,
+    decoding=None,
+    *,
+    dtype=None,
+    version=None,
+    overwrite=False,
+    n_best=None,
+    metadata=None,
+    warmup_sentences="auto",
+):
+    """Writes an exported version's model again, with this version's graph, to `output_dir/<version>/`.
+
+    The model is rebuilt from the export (`load_export`). What the export
+    records holds unless given: its decoding options, precision, request
+    limit, training options, "translate_n_best" signature, warm-up requests,
+    and its metadata while the decoding options and precision stay (its
+    scores would no longer hold otherwise: they move to `reexported_from`).
+
+    Args:
+        export_dir: one exported version (`output_dir/<version>` of an earlier export).
+        output_dir: the base directory to write to (`export_dir`'s own, with
+            its version and `overwrite`, replaces it in place).
+        decoding: `DecodingOptions` to change; the others are those recorded.
+        dtype: another precision to compute in (as `export_run`'s); None:
+            the one it was exported in.
+        version, overwrite, n_best, metadata, warmup_sentences: as
+            `export_translator`; `n_best` None keeps the export's own N.
+
+    Returns:
+        `output_dir/<version>` (str).
+
+    Raises:
+        FileExistsError: `version` exists and `overwrite` is False.
+        ValueError: the export's variables do not match its model
+            (`load_export`), or a recorded N exceeds a new, smaller beam.
+    """
+    output_dir, version = os.fspath(output_dir), _new_version(output_dir, version, overwrite)
+    previous = read_export_info(export_dir)
+    dtype, precision_choice = resolve_decoding_precision(dtype)
+    if not dtype:
+        precision_choice = previous.get("precision_choice")  # the precision it records, and why
+    write_warmup = warmup_for_export(warmup_sentences, export_dir)
+    translator = translator_of_export(export_dir, decoding, dtype)
+    n_best = n_best_to_export(n_best, recorded_n_best(previous), translator, export_dir)
+    info = _export_info(translator, version, n_best, precision_choice)
+    info.update(source=os.fspath(export_dir), weights=previous.get("weights"))
+    _inherit(info, previous)
+    if metadata:
+        info["metadata"] = metadata
+    return _write_version(translator, output_dir, version, overwrite, info, n_best, write_warmup)
 
 
-def _make_translator(source, options, checkpoint, dtype, previous=None):
-    """The Translator to export: `source` itself or a copy with other decoding `options`, a run's, or an export's
-    (`previous`: its `export.json`; with the decoding options it records, unless given)."""
+def export_translator(
+    translator, output_dir, *, version=None, overwrite=False, n_best=None, metadata=None, warmup_sentences="auto"
+):
+    """Writes a `Translator` as it is (model, precision, decoding options) as a SavedModel; returns the path.
+
+    Args:
+        translator: the `Translator` to export (`export_sources.with_decoding`
+            gives one with other decoding options).
+        output_dir: the model's base directory (TF Serving's `--model_base_path`),
+            e.g. `saved_models/multi30k_en_de`; created if needed.
+        version: integer version; default: highest existing version + 1 (1 for
+            a new directory).
+        overwrite: replace an existing `version` instead of raising.
+        n_best: also export the signature "translate_n_best": inputs
+            tf.string [B] -> translations tf.string [B, n_best] and scores
+            float32 [B, n_best], best first (n_best at most the beam size);
+            None or 0: no such signature.
+        metadata: a JSON-serializable dict recorded as `metadata` in the
+            export's `assets/export.json` (e.g. the scores and the machine of
+            the run it comes from).
+        warmup_sentences: source sentences for the requests TensorFlow
+            Serving replays when it loads the version
+            (`assets.extra/tf_serving_warmup_requests`, see
+            `serving_warmup`), so that its first client request does not
+            wait for TensorFlow's first-run work; None or "auto" (a
+            Translator has no data of its own to take them from): none.
+
+    Returns:
+        `output_dir/<version>` (str).
+
+    Raises:
+        FileExistsError: `version` exists (or appears while the export
+            runs) and `overwrite` is False.
+        ValueError: the graph contains Python ops (never expected), or an
+            `n_best` the translator cannot give.
+    """
+    output_dir, version = os.fspath(output_dir), _new_version(output_dir, version, overwrite)
+    write_warmup = warmup_for_export(warmup_sentences, translator)
+    n_best = n_best_to_export(n_best, None, translator, translator)
+    info = _export_info(translator, version, n_best, None)
+    if metadata:
+        info["metadata"] = metadata
+    return _write_version(translator, output_dir, version, overwrite, info, n_best, write_warmup)
+
+
+def export_saved_model(source, output_dir, **options):
+    """Exports any source: `export_run`, `reexport` or `export_translator`, by what `source` is.
+
+    The command line's `keras-transformer export` takes a run directory or an
+    exported version alike; this is its library form.
+
+    Args:
+        source: a run directory, an exported version directory, or a `Translator`.
+        output_dir: the model's base directory.
+        **options: those of the function `source` picks. The decoding options
+            may be given by name (`beam_size=1`) instead of as `decoding`;
+            `checkpoint` only applies to a run directory and `dtype` not to a
+            `Translator`, which keeps its model's precision.
+
+    Returns:
+        `output_dir/<version>` (str).
+
+    Example:
+        `export_saved_model("runs/multi30k", "saved_models/multi30k_en_de", beam_size=5)`
+        is `export_run("runs/multi30k", "saved_models/multi30k_en_de", DecodingOptions(beam_size=5))`.
+    """
     from keras_transformer.inference.translator import Translator
 
-    names = tuple(_RUN_DECODING_DEFAULTS)
+    named = {name: options.pop(name) for name in DECODING_OPTION_NAMES if name in options}
+    decoding = dataclasses.replace(options.pop("decoding", None) or DecodingOptions(), **named)
     if isinstance(source, Translator):
-        if dtype not in (None, "auto"):
+        if options.pop("dtype", None) not in (None, "auto"):
             raise ValueError("dtype applies to a run directory; a Translator keeps its model's precision.")
-        current = {name: getattr(source, name) for name in names}
-        changes = {k: v for k, v in options.items() if v is not None and v != current[k]}
-        if not changes:
-            return source
-        # Same model, tokenizer and request limit (and sampling, if it samples), other decoding options.
-        return Translator(
-            source.model,
-            source.tokenizer,
-            **{**current, **changes},
-            max_batch_size=source.max_batch_size,
-            sampling=source.sampling,
-            jit_compile=source._jit_compile,
-        )
+        if options.pop("checkpoint", None) is not None:
+            raise ValueError("checkpoint applies to a run directory, not to a Translator.")
+        return export_translator(with_decoding(source, decoding), output_dir, **options)
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(
             f"source must be a run directory, an exported version or a Translator, got {type(source).__name__}."
         )
-    path, limits = os.fspath(source), {}
-    if previous is not None:
-        if checkpoint is not None:
+    if is_export_dir(source):
+        if options.pop("checkpoint", None) is not None:
             raise ValueError("checkpoint applies to a run directory, not to an exported SavedModel.")
-        model, tokenizer, _ = load_export(path, dtype=dtype)
-        recorded = previous.get("decoding", {})
-        defaults = {**_RUN_DECODING_DEFAULTS, **{k: v for k, v in recorded.items() if k in names}}
-        if recorded.get("max_batch_size"):  # the limit its clients know
-            limits = dict(max_batch_size=recorded["max_batch_size"])
-    else:
-        from keras_transformer.run_dir import CONFIG_FILENAME, load_run
-
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"{path}: no such run directory.")
-        if not os.path.exists(os.path.join(path, CONFIG_FILENAME)):
-            if os.path.exists(os.path.join(path, "saved_model.pb")):
-                raise ValueError(
-                    f"{path}: a SavedModel without assets/{INFO_FILENAME}; only exports written by "
-                    f"keras-transformer can be exported again."
-                )
-            if list_versions(path):
-                raise ValueError(
-                    f"{path} holds exported versions; give one, e.g. "
-                    f"{os.path.join(path, str(list_versions(path)[-1]))}."
-                )
-        model, tokenizer = load_run(path, checkpoint=checkpoint, dtype=dtype)
-        defaults = _RUN_DECODING_DEFAULTS
-    return Translator(
-        model, tokenizer, **limits, **{k: defaults[k] if options[k] is None else options[k] for k in names}
-    )
+        return reexport(source, output_dir, decoding, **options)
+    return export_run(source, output_dir, decoding, **options)
 
 
-def _export_info(
-    translator, version, source, n_best=None, metadata=None, precision_choice=None, previous=None, weights=None
-):
-    """`export.json`'s content; `previous`: the `export.json` of the export `source` is, if it is one;
-    `weights`: the file of a run directory the weights come from (`run_dir.weights_file`)."""
+def _new_version(output_dir, version, overwrite):
+    """The version to write (default the next free one), refused before any work if it exists."""
+    output_dir = os.fspath(output_dir)
+    version = next_version(output_dir) if version is None else int(version)
+    if version < 1:
+        raise ValueError(f"version must be a positive integer, got {version}.")
+    final_dir = os.path.join(output_dir, str(version))
+    if tf.io.gfile.exists(final_dir) and not overwrite:
+        raise FileExistsError(
+            f"{final_dir} already exists; pick another version, leave it out for the next free one "
+            f"({next_version(output_dir)}), or pass overwrite=True."
+        )
+    return version
+
+
+def _write_version(translator, output_dir, version, overwrite, info, n_best, write_warmup):
+    """Saves `translator` with its assets (`info` as `export.json`) and publishes it as `output_dir/<version>`."""
+    final_dir = os.path.join(output_dir, str(version))
+    tf.io.gfile.makedirs(output_dir)
+    # Written under a name TF Serving ignores (not an integer), then moved into place (`publish_version`).
+    work_dir = os.path.join(output_dir, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="keras_transformer_export_") as assets:
+        asset_paths = {
+            TOKENIZER_FILENAME: os.path.join(assets, TOKENIZER_FILENAME),
+            INFO_FILENAME: os.path.join(assets, INFO_FILENAME),
+        }
+        with open(asset_paths[TOKENIZER_FILENAME], "wb") as f:
+            f.write(translator.tokenizer.model_proto)
+        with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
+            json.dump(info, f, indent=2, sort_keys=True)
+        module = _ServingModule(translator, asset_paths, n_best)
+        try:
+            tf.saved_model.save(module, work_dir, signatures=module.serving_signatures)
+            check_serving_ops(work_dir)
+            if write_warmup is not None:
+                write_warmup(work_dir, translator.max_batch_size)
+            publish_version(work_dir, final_dir, overwrite)
+        except BaseException:
+            if tf.io.gfile.exists(work_dir):
+                tf.io.gfile.rmtree(work_dir)
+            raise
+    logger.info("Exported SavedModel %s in %.1f s", final_dir, time.perf_counter() - start)
+    return final_dir
+
+
+# export.json --------------------------------------------------------------------------
+
+
+def _export_info(translator, version, n_best, precision_choice):
+    """`export.json`'s content that the translator alone tells; `source` and `weights` None until the caller's
+    source sets them."""
     import keras_transformer
 
     config = translator.model.config
@@ -317,8 +445,8 @@ def _export_info(
             "outputs": dict(zip(OUTPUT_NAMES, ("tf.string [None]", "float32 [None]"))),
         },
         "version": version,
-        "source": os.fspath(source) if isinstance(source, (str, os.PathLike)) else None,
-        "weights": weights,
+        "source": None,
+        "weights": None,
         "decoding": {
             "beam_size": translator.beam_size,
             "alpha": translator.alpha,
@@ -339,33 +467,6 @@ def _export_info(
     }
     if translator.sampling:
         info["decoding"]["sampling"] = translator.sampling
-    if previous is not None:
-        info["weights"] = previous.get("weights")
-        # The same model: how it was trained stays true, and its recorded scores while it decodes as it did.
-        same_answers = info["decoding"] == previous.get("decoding") and info["precision"] == previous.get("precision")
-        kept = ("training", "metadata") if same_answers else ("training",)
-        info.update({key: previous[key] for key in kept if key in previous})
-        info["reexported_from"] = {
-            key: previous.get(key)
-            for key in ("exported_at", "keras_transformer_version", "tensorflow_version", "source", "reexported_from")
-        }
-        if not same_answers:  # other options or precision: the old scores describe the old export only
-            info["reexported_from"].update(
-                decoding=previous.get("decoding"),
-                precision=previous.get("precision"),
-                metadata=previous.get("metadata"),
-            )
-    elif isinstance(source, (str, os.PathLike)):
-        from keras_transformer.run_dir import CONFIG_FILENAME, read_config
-
-        training = (
-            read_config(source).get("training") if os.path.exists(os.path.join(source, CONFIG_FILENAME)) else None
-        )
-        if training:
-            # How the exported model was trained: the run's options as its config.json records them.
-            info["training"] = training
-    if metadata:
-        info["metadata"] = metadata
     if n_best:
         info["n_best_signature"] = {
             "name": N_BEST_SIGNATURE_NAME,
@@ -376,168 +477,19 @@ def _export_info(
     return info
 
 
-def _n_best_to_export(n_best, recorded, translator, source):
-    """The N of the "translate_n_best" signature to write, or None for none (`n_best` 0 or None, nothing recorded).
-
-    An export's own N (`recorded`) holds unless `n_best` is given; one that a
-    smaller new beam cannot give is refused with where it came from.
-    """
-    if n_best is None and recorded is not None:
-        if recorded > translator.beam_size:
-            raise ValueError(
-                f"{source} has a translate_n_best signature of the {recorded} best, more than the beam "
-                f"size {translator.beam_size} gives; pass n_best (--n-best) of at most "
-                f"{translator.beam_size}, or 0 for no n-best signature."
-            )
-        n_best = recorded
-    if n_best is None or (n_best == 0 and not isinstance(n_best, bool)):
-        return None
-    translator.n_best_strings(tf.constant([], tf.string), n_best)  # refuses a bad n_best before writing
-    return n_best
-
-
-def export_saved_model(
-    source,
-    output_dir,
-    version=None,
-    beam_size=None,
-    alpha=None,
-    max_extra_length=None,
-    *,
-    overwrite=False,
-    max_input_length=None,
-    checkpoint=None,
-    early_stopping=None,
-    dtype=None,
-    n_best=None,
-    metadata=None,
-    warmup_sentences="auto",
-):
-    """Writes a SavedModel for TensorFlow Serving to `output_dir/<version>/`; returns that path.
-
-    Args:
-        source: a run directory (loaded with `keras_transformer.run_dir.load_run`),
-            an exported version directory (`load_export`: re-exports its
-            model with this version's graph, keeping its decoding options,
-            training options and metadata unless given), or a `Translator`.
-        output_dir: the model's base directory (TF Serving's `--model_base_path`),
-            e.g. `saved_models/multi30k_en_de`; created if needed.
-        version: integer version; default: highest existing version + 1 (1 for
-            a new directory).
-        beam_size, alpha, max_extra_length, early_stopping: decoding
-            options, fixed in the export and recorded in `export.json`.
-            None: 4, 0.6, 50 (§6.1) and "exact" for a run directory, the
-            recorded ones for an export, the Translator's own for a Translator.
-        overwrite: replace an existing `version` instead of raising.
-        max_input_length: longest source in tokens (longer ones are truncated);
-            default the model's `config.max_length` (an export's recorded one).
-        checkpoint: for a run directory, export this checkpoint (path or
-            "latest") instead of the final `model.keras`.
-        dtype: for a run directory or an export, the dtype policy the
-            exported graph computes in: "auto" picks "bfloat16" where this
-            machine computes it natively (a CPU with AVX512_BF16 / AMX-BF16,
-            or Ampere+ GPUs), else "float32"
-            (`inference.precision.auto_decoding_precision`). None (default):
-            "auto" for a run directory, the precision it was exported in for
-            an export. Recorded in `export.json` ("precision",
-            and "precision_choice" with the reason for "auto").
-        n_best: also export the signature "translate_n_best": inputs
-            tf.string [B] -> translations tf.string [B, n_best] and scores
-            float32 [B, n_best], best first (n_best at most the beam size).
-            An export's own N unless given; 0: no such signature.
-        metadata: a JSON-serializable dict recorded as `metadata` in the
-            export's `assets/export.json` (e.g. the scores and the machine of
-            the run it comes from). The training options of a run directory
-            (those of its `config.json`: the first run's; a resume's changes
-            are in `resumes.jsonl`) are recorded as `training`. An export's
-            training options are kept, and its metadata too unless given or
-            unless the decoding options or precision change (its scores
-            would no longer hold): then it moves to `reexported_from`.
-        warmup_sentences: source sentences for the requests TensorFlow
-            Serving replays when it loads the version
-            (`assets.extra/tf_serving_warmup_requests`, see
-            `serving_warmup`), so that its first client request does not
-            wait for TensorFlow's first-run work. "auto" (default): an
-            export's own, else the first validation sources of a run
-            directory's data where they can be read, else none; None: none.
-
-    Returns:
-        `output_dir/<version>` (str).
-
-    Raises:
-        FileExistsError: `version` exists (or appears while the export
-            runs) and `overwrite` is False.
-        FileNotFoundError: `source` is no directory.
-        ValueError: the graph contains Python ops (never expected); an
-            export's variables do not match its model (`load_export`); a
-            checkpoint given with an export; a SavedModel not written by
-            this package, or a base directory of versions, as `source`.
-    """
-    output_dir = os.fspath(output_dir)
-    if version is None:
-        version = next_version(output_dir)
-    version = int(version)
-    if version < 1:
-        raise ValueError(f"version must be a positive integer, got {version}.")
-    final_dir = os.path.join(output_dir, str(version))
-    if tf.io.gfile.exists(final_dir) and not overwrite:
-        raise FileExistsError(
-            f"{final_dir} already exists; pick another --version, omit it for the next free one "
-            f"({next_version(output_dir)}), or pass overwrite=True (--overwrite)."
+def _inherit(info, previous):
+    """Takes into a re-export's `info` what still holds of the `export.json` it comes from (`previous`)."""
+    # The same model: how it was trained stays true, and its recorded scores while it decodes as it did.
+    same_answers = info["decoding"] == previous.get("decoding") and info["precision"] == previous.get("precision")
+    kept = ("training", "metadata") if same_answers else ("training",)
+    info.update({key: previous[key] for key in kept if key in previous})
+    info["reexported_from"] = {
+        key: previous.get(key)
+        for key in ("exported_at", "keras_transformer_version", "tensorflow_version", "source", "reexported_from")
+    }
+    if not same_answers:  # other options or precision: the old scores describe the old export only
+        info["reexported_from"].update(
+            decoding=previous.get("decoding"),
+            precision=previous.get("precision"),
+            metadata=previous.get("metadata"),
         )
-
-    options = dict(
-        beam_size=beam_size,
-        alpha=alpha,
-        max_extra_length=max_extra_length,
-        max_input_length=max_input_length,
-        early_stopping=early_stopping,
-    )
-    precision_choice, previous, inherited_n_best = None, None, None
-    if isinstance(source, (str, os.PathLike)):  # "auto" resolved once, for the model and for export.json
-        previous = read_export_info(source) if is_export_dir(source) else None
-        if previous is None and dtype is None:
-            dtype = "auto"  # a run's default; an export keeps the precision it records ...
-        dtype, precision_choice = resolve_decoding_precision(dtype)
-        if previous is not None:
-            precision_choice = precision_choice if dtype else previous.get("precision_choice")  # ... and why
-            inherited_n_best = recorded_n_best(previous)
-    write_warmup = warmup_for_export(warmup_sentences, source)  # bad sentences are refused before the slow part
-    translator = _make_translator(source, options, checkpoint, dtype, previous)
-    n_best = _n_best_to_export(n_best, inherited_n_best, translator, source)
-    weights = None
-    if isinstance(source, (str, os.PathLike)) and previous is None:
-        from keras_transformer.run_dir import weights_file
-
-        weights = weights_file(os.fspath(source), checkpoint)
-    tf.io.gfile.makedirs(output_dir)
-    # Written under a name TF Serving ignores (not an integer), then moved into place (`publish_version`).
-    work_dir = os.path.join(output_dir, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="keras_transformer_export_") as assets:
-        asset_paths = {
-            ASSET_FILENAME: os.path.join(assets, ASSET_FILENAME),
-            INFO_FILENAME: os.path.join(assets, INFO_FILENAME),
-        }
-        with open(asset_paths[ASSET_FILENAME], "wb") as f:
-            f.write(translator.tokenizer.model_proto)
-        with open(asset_paths[INFO_FILENAME], "w", encoding="utf-8") as f:
-            json.dump(
-                _export_info(translator, version, source, n_best, metadata, precision_choice, previous, weights),
-                f,
-                indent=2,
-                sort_keys=True,
-            )
-        module = _ServingModule(translator, asset_paths, n_best)
-        try:
-            tf.saved_model.save(module, work_dir, signatures=module.serving_signatures)
-            check_serving_ops(work_dir)
-            if write_warmup is not None:
-                write_warmup(work_dir, translator.max_batch_size)
-            publish_version(work_dir, final_dir, overwrite)
-        except BaseException:
-            if tf.io.gfile.exists(work_dir):
-                tf.io.gfile.rmtree(work_dir)
-            raise
-    logger.info("Exported SavedModel %s in %.1f s", final_dir, time.perf_counter() - start)
-    return final_dir

@@ -22,14 +22,9 @@ Defined answers for awkward input (no crash, no hang):
   refused by the signature `tf.string [None]` before the graph runs).
 """
 
-import concurrent.futures
-import contextlib
 import logging
 import os
-import sys
 
-import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
@@ -42,6 +37,8 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_TRANSLATE_WORKERS,
     EXTRA_OUTPUT_LENGTH,
 )
+from keras_transformer.errors import ParameterError
+from keras_transformer.inference.batching import translate_in_batches
 from keras_transformer.inference.export_dirs import is_export_dir, read_export_info
 from keras_transformer.inference.signatures import INPUT_NAME, N_BEST_SIGNATURE_NAME, SIGNATURE_NAME
 from keras_transformer.special_ids import EOS_ID, PAD_ID
@@ -79,9 +76,11 @@ class Translator(tf.Module):
             `(token_ids, scores)` (`keras_transformer.decoding.make_decode_fn`);
             its scores are raw from the search (log P for greedy).
 
-    Example (an untrained tiny model, so its words are random; for a trained
-    one, `Translator.from_run_dir("runs/multi30k")` loads the final model and
-    vocabulary of a training run directory):
+    Example:
+        An untrained tiny model, so its words are random; for a trained one,
+        `Translator.from_run_dir("runs/multi30k")` loads the final model and
+        vocabulary of a training run directory.
+
     >>> import tempfile
     >>> from keras_transformer import Transformer, TransformerConfig
     >>> from keras_transformer.data.corpora import read_lines
@@ -222,8 +221,8 @@ class Translator(tf.Module):
         finished one, so each of the n is exact.
         """
         if not 1 <= n_best <= self.beam_size or self.sampling:
-            raise ValueError(
-                f"n_best must be between 1 and the beam size {self.beam_size} (and no sampling), got {n_best}."
+            raise ParameterError(
+                "n_best", f"must be between 1 and the beam size {self.beam_size} (and no sampling), got {n_best}."
             )
         if self._search_all is None:
             self._search_all = decoding.make_decode_fn(
@@ -268,64 +267,29 @@ class Translator(tf.Module):
         workers=DEFAULT_TRANSLATE_WORKERS,
         n_best=None,
     ):
-        """Translates a list of `str`, batching sentences of similar length.
+        """Translates a list of `str`, batching sentences of similar length (`inference.batching`).
 
         Args:
             sentences: list of str.
             batch_size: the most sentences per decoding call (default
-                `DEFAULT_TRANSLATE_BATCH_SIZE`, 256); the sentences are cut into
+                `DEFAULT_TRANSLATE_BATCH_SIZE`); the sentences are cut into
                 batches as even as that allows, their number a multiple of
                 `workers`, each round of `workers` batches dealt sentences
-                of the same lengths (`even_batches`).
+                of the same lengths (`batching.even_batches`).
             progress: show a progress bar on stderr.
             return_scores: also return the list of scores.
-            workers: batches decoded at the same time (threads). A decoding
-                step is a chain of small ops that leaves cores idle: on a
-                2-core AVX512 machine, two batches in flight translated
-                test2016 in 22-24 s instead of 27-29 s. Results do not
-                depend on it.
+            workers: batches decoded at the same time (threads): a decoding
+                step is a chain of small ops that leaves cores idle. Results
+                do not depend on it.
             n_best: None for one translation per sentence; N (at most the
                 beam size) for the N best of each, best first, as lists of
                 `(translation, score)` (`return_scores` is then implied).
 
         Returns:
-            the translations (a list of str, or of N-lists with `n_best`), and
+            The translations (a list of str, or of N-lists with `n_best`), and
             with `return_scores` the list of scores.
         """
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be a positive integer, got {workers!r}.")
-        limit = getattr(self, "max_batch_size", None)
-        if not 1 <= batch_size <= (limit or batch_size):
-            raise ValueError(
-                f"batch_size must be between 1 and {limit}, got {batch_size}."
-                if limit
-                else f"batch_size must be at least 1, got {batch_size}."
-            )
-        if n_best is not None:
-            self.n_best_strings(tf.constant([], tf.string), n_best)  # checks n_best before any work
-        sentences = list(sentences)
-        chunks = even_batches(length_order(sentences), batch_size, workers)
-        results = [None] * len(sentences)
-        bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
-
-        def run(rows):
-            inputs = tf.constant([sentences[i] for i in rows], tf.string)
-            return rows, self.translate_strings(inputs) if n_best is None else self.n_best_strings(inputs, n_best)
-
-        # All batches go to the pool at once: a `tf.function` traces under a lock, so the first
-        # calls of two threads trace it once.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            for rows, out in pool.map(run, chunks):
-                for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy()):
-                    results[row] = _decoded(text, score)
-                if bar is not None:
-                    # Keras' Progbar writes to stdout, which holds the translations.
-                    with contextlib.redirect_stdout(sys.stderr):
-                        bar.add(len(rows))
-        if n_best is not None:
-            return [list(zip(*result)) for result in results]
-        translations, scores = [r[0] for r in results], [r[1] for r in results]
-        return (translations, scores) if return_scores else translations
+        return translate_in_batches(self, sentences, batch_size, progress, return_scores, workers, n_best)
 
     @classmethod
     def from_run_dir(cls, run_dir, dtype=None, checkpoint=None, **options):
@@ -370,11 +334,13 @@ class SavedModelTranslator:
         """The export's "translate_n_best" signature, cut to `n_best` (at most the exported N)."""
         signature = self._loaded.signatures.get(N_BEST_SIGNATURE_NAME)
         if signature is None:
-            raise ValueError(f"{self.path} was exported without --n-best: it has no translate_n_best signature.")
+            raise ParameterError(
+                "n_best", f"cannot be given: {self.path} was exported without a translate_n_best signature."
+            )
         exported = signature.structured_outputs["translations"].shape[1]
         if not 1 <= n_best <= exported:
-            raise ValueError(
-                f"n_best must be between 1 and {exported} (the N this SavedModel was exported with), got {n_best}."
+            raise ParameterError(
+                "n_best", f"must be between 1 and {exported} (the N this SavedModel was exported with), got {n_best}."
             )
         outputs = signature(inputs=tf.convert_to_tensor(inputs, tf.string))
         return {name: value[:, :n_best] for name, value in outputs.items()}
@@ -388,47 +354,8 @@ class SavedModelTranslator:
         workers=DEFAULT_TRANSLATE_WORKERS,
         n_best=None,
     ):
-        return Translator.translate(self, sentences, batch_size, progress, return_scores, workers, n_best)
-
-
-def length_order(sentences):
-    """The indices of `sentences` (str), longest first in UTF-8 bytes: errors show early."""
-    lengths = [len(s.encode("utf-8", "replace")) for s in sentences]
-    return np.argsort(lengths, kind="stable")[::-1]
-
-
-def even_batches(order, batch_size, workers):
-    """`order` (sentence indices, longest first) cut into batches of at most `batch_size`, for `workers` at a time.
-
-    The batches are as even in size as their number allows, and once there
-    is more than one, their number is a multiple of `workers`, so no worker
-    idles while another decodes a far larger batch: 600 sentences in
-    batches of at most 512 for 2 workers are two of 300, not 512 and 88.
-    They come in rounds of `workers` batches, one per worker, longest
-    sentences first; a round's sentences are dealt out in turn, so its
-    batches hold sentences of the same lengths and take as long, where
-    consecutive slices of the order would give one worker all the round's
-    longest sentences. (Multi30k test2016 in two batches of 500 on two
-    single-threaded workers, bfloat16 SavedModel, 2-core AMD EPYC: 3.45-3.6 s
-    as the longest and shortest halves, 2.95-3.05 s dealt.)
-    """
-    count = -(-len(order) // batch_size)
-    if count > 1:
-        count = -(-count // workers) * workers
-    pieces = np.array_split(np.asarray(order), count) if count else []
-    batches = []
-    for start in range(0, len(pieces), workers):
-        turn = pieces[start : start + workers]  # one round: a slice of the order, dealt to its batches
-        sentences = np.concatenate(turn)
-        batches.extend(sentences[j :: len(turn)] for j in range(len(turn)))
-    return [batch for batch in batches if len(batch)]
-
-
-def _decoded(text, score):
-    """Bytes and score (or arrays of them, for n-best lists) -> str and float (or lists)."""
-    if isinstance(text, bytes):
-        return text.decode("utf-8"), float(score)
-    return [t.decode("utf-8") for t in text], [float(x) for x in score]
+        """As `Translator.translate`, through the same batching (`batching.translate_in_batches`)."""
+        return translate_in_batches(self, sentences, batch_size, progress, return_scores, workers, n_best)
 
 
 def resolve_saved_model_dir(path):
@@ -465,7 +392,7 @@ def load_translator(
     `sampling`: `dict(top_k=..., temperature=..., seed=...)` to sample instead of searching (run directories).
     """
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"--model {path}: no such directory (expected a run directory or a SavedModel).")
+        raise FileNotFoundError(f"{path}: no such directory (expected a run directory or a SavedModel).")
     if is_saved_model(path):
         if sampling:
             raise ValueError(

@@ -39,9 +39,10 @@ from keras_transformer.run_dir import (
     CHECKPOINT_DIR,
     CONFIG_FILENAME,
     CURVES_FILENAME,
+    FINAL_MODEL_FILENAME,
     HISTORY_FILENAME,
     LOG_DIR,
-    MODEL_FILENAME,
+    TOKENIZER_FILENAME,
     atomic_write_text,
     list_checkpoints,
     read_csv,
@@ -246,8 +247,8 @@ def _record_options(state):
                     "training": args.to_dict(),
                     "data": data,
                     "precision": state.precision,
-                    "tokenizer": "spm.model",
-                    "final_model": MODEL_FILENAME,
+                    "tokenizer": TOKENIZER_FILENAME,
+                    "final_model": FINAL_MODEL_FILENAME,
                 },
                 indent=2,
                 sort_keys=True,
@@ -430,13 +431,13 @@ def _finish(state, monitor):
             flush=True,
         )
     if not monitor.stopped_on_nan:
-        tmp = run.path(f"tmp-{os.getpid()}-{MODEL_FILENAME}")
+        tmp = run.path(f"tmp-{os.getpid()}-{FINAL_MODEL_FILENAME}")
         final.save(tmp)
-        os.replace(tmp, run.path(MODEL_FILENAME))
+        os.replace(tmp, run.path(FINAL_MODEL_FILENAME))
     curves = plot_curves(run.out_dir)
     if run.is_chief:
         print(
-            f"Run directory {run.run_dir}: {MODEL_FILENAME}, {CHECKPOINT_DIR}/, {HISTORY_FILENAME}, "
+            f"Run directory {run.run_dir}: {FINAL_MODEL_FILENAME}, {CHECKPOINT_DIR}/, {HISTORY_FILENAME}, "
             f"{LOG_DIR}/" + (f", {CURVES_FILENAME}" if curves else ""),
             flush=True,
         )

@@ -14,6 +14,7 @@ import os
 import tensorflow as tf
 
 from keras_transformer import compat
+from keras_transformer.errors import ParameterError
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +58,10 @@ def strategy_worker(strategy):
 def check_time_budget(args, strategy):
     """Workers timing themselves would stop at different steps and leave the others waiting."""
     if args.time_budget is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        raise ValueError(
-            "--time-budget is not supported with MultiWorkerMirroredStrategy (TF_CONFIG): each "
-            "worker would stop at its own step. Pass --time-budget none and use --max-steps or "
-            "--epochs."
+        raise ParameterError(
+            "time_budget",
+            "is not supported with MultiWorkerMirroredStrategy (TF_CONFIG): each worker would stop at its "
+            "own step. Give none and use max_steps or epochs.",
         )
 
 
@@ -72,11 +73,11 @@ def check_batch_multiple(batch_multiple, num_replicas):
         num_replicas: the strategy's `num_replicas_in_sync`.
     """
     if batch_multiple is not None and batch_multiple % num_replicas:
-        raise ValueError(
-            f"--batch-multiple {batch_multiple} is not a multiple of the {num_replicas} replicas: a global batch "
-            f"of a multiple of {batch_multiple} sequences would not split evenly over them. Pass a multiple of "
-            f"{num_replicas} (e.g. {num_replicas * -(-batch_multiple // num_replicas)}) or leave --batch-multiple "
-            "out (the replica count)."
+        raise ParameterError(
+            "batch_multiple",
+            f"{batch_multiple} is not a multiple of the {num_replicas} replicas: a global batch of a multiple of "
+            f"{batch_multiple} sequences would not split evenly over them. Give a multiple of {num_replicas} "
+            f"(e.g. {num_replicas * -(-batch_multiple // num_replicas)}) or None (the replica count).",
         )
 
 
