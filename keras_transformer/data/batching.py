@@ -261,6 +261,30 @@ def make_batches(
     if repeat:
         dataset = dataset.repeat()
 
+    tokenize_chunk = _chunk_tokenizer(tokenizer, max_length, truncate, sampling_alpha)
+    dataset = dataset.batch(chunk).map(tokenize_chunk, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.batch(pool_chunks)  # -> [chunks, pairs, tokens] ragged pools
+    to_batches = _PoolBatcher(boundaries, batch_sizes, num_replicas, drop_remainder)
+    dataset = dataset.map(to_batches, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.unbatch()  # -> one batch (ragged [batch, tokens]) per element
+
+    def pad_to_boundary(src, tgt_in, tgt_out, boundary):
+        shape = tf.stack([src.nrows(), boundary])
+        src, tgt_in, tgt_out = (r.to_tensor(default_value=PAD_ID, shape=shape) for r in (src, tgt_in, tgt_out))
+        return (src, tgt_in), tgt_out
+
+    dataset = dataset.map(pad_to_boundary, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _chunk_tokenizer(tokenizer, max_length, truncate, sampling_alpha):
+    """The `tf.data` map of `make_batches` from a chunk of text pairs to ragged ids with EOS/BOS.
+
+    Returns a function of `(sources, targets)` (rank-1 `tf.string`) giving
+    `(source_ids, target_input_ids, target_output_ids)` ragged tensors, the
+    pairs with a side longer than `max_length` left out (or, with
+    `truncate`, cut to it first).
+    """
     tokenize = (
         functools.partial(tokenizer.tokenize, sampling_alpha=sampling_alpha) if sampling_alpha else (tokenizer.tokenize)
     )
@@ -285,19 +309,7 @@ def make_batches(
             tf.ragged.boolean_mask(tgt_out, fits),
         )
 
-    dataset = dataset.batch(chunk).map(tokenize_chunk, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.batch(pool_chunks)  # -> [chunks, pairs, tokens] ragged pools
-    to_batches = _PoolBatcher(boundaries, batch_sizes, num_replicas, drop_remainder)
-    dataset = dataset.map(to_batches, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.unbatch()  # -> one batch (ragged [batch, tokens]) per element
-
-    def pad_to_boundary(src, tgt_in, tgt_out, boundary):
-        shape = tf.stack([src.nrows(), boundary])
-        src, tgt_in, tgt_out = (r.to_tensor(default_value=PAD_ID, shape=shape) for r in (src, tgt_in, tgt_out))
-        return (src, tgt_in), tgt_out
-
-    dataset = dataset.map(pad_to_boundary, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE)
+    return tokenize_chunk
 
 
 def _known_size(dataset: tf.data.Dataset) -> int:
