@@ -194,3 +194,24 @@ def test_every_dropout_of_the_model_drops_its_rate_in_training_and_nothing_at_in
     np.testing.assert_array_equal(np.asarray(model(inputs, training=False)), inference)
     second = np.asarray(model(inputs, training=True))
     assert not np.allclose(first, second) and not np.allclose(first, inference)
+
+
+def test_passes_the_keras_layer_test():
+    """Build, config and serialization round trips, a training step, mixed_float16 output dtype = spec."""
+    from keras.src import testing
+
+    class Case(testing.TestCase):
+        def runTest(self):
+            self.run_layer_test(
+                Dropout,
+                init_kwargs={"rate": 0.3, "seed": 1},
+                input_shape=(2, 5, 8),
+                call_kwargs={"training": True},
+                expected_output_shape=(2, 5, 8),
+                expected_num_trainable_weights=0,
+                expected_num_seed_generators=1,
+                supports_masking=True,
+                run_training_check=False,  # no weights to train
+            )
+
+    Case().runTest()

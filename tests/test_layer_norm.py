@@ -172,3 +172,21 @@ def test_served_inference_runs_one_fused_kernel_with_the_closed_form_s_results(t
     want = centered / np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + 1e-6) * gamma + beta
     tolerance = 1e-4 if dtype == "float32" else 1e-2  # bfloat16: one rounding of the output
     np.testing.assert_allclose(y, want, rtol=tolerance, atol=tolerance)
+
+
+def test_passes_the_keras_layer_test():
+    """Build, config and serialization round trips, a training step, mixed_float16 output dtype = spec."""
+    from keras.src import testing
+
+    class Case(testing.TestCase):
+        def runTest(self):
+            self.run_layer_test(
+                LayerNormalization,
+                init_kwargs={"epsilon": 1e-6},
+                input_shape=(2, 5, 8),
+                expected_output_shape=(2, 5, 8),
+                expected_num_trainable_weights=2,
+                supports_masking=True,
+            )
+
+    Case().runTest()

@@ -200,11 +200,20 @@ class MultiHeadAttention(keras.layers.Layer):
 
     # Projections ---------------------------------------------------------------
 
+    def _read(self, weight):
+        """`weight` in the compute dtype (None stays None).
+
+        Inside `__call__` Keras already autocasts it, and this cast adds no
+        op; `compute_key_value` outside a call and symbolic shape inference
+        (`compute_output_spec`) need it.
+        """
+        return None if weight is None else ops.cast(weight, self.compute_dtype)
+
     def _project(self, x, kernel, bias, head_dim):
         """`[B, T, D] -> [B, N, T, H]`."""
-        y = position_wise_matmul(x, kernel)
+        y = position_wise_matmul(x, self._read(kernel))
         if bias is not None:
-            y = y + bias
+            y = y + self._read(bias)
         return self._split_heads(y, head_dim)
 
     def _split_heads(self, y, head_dim):
@@ -222,21 +231,18 @@ class MultiHeadAttention(keras.layers.Layer):
         what its body computes, loop-invariant or not.
         """
 
-        def read(weight):  # outside `call` Keras does not autocast: cast to the compute dtype here
-            return None if weight is None else ops.cast(weight, self.compute_dtype)
-
         scale = 1.0 / math.sqrt(self.key_dim)
         # The 1/sqrt(d_k) of equation (1) scales the (small) weights rather than the queries: that spares a pass
         # over the activations, forward and backward; for d_k = 64 the scale 1/8 is a power of two, so both give
         # the same bits.
-        query_kernel = read(self.query_kernel) * scale
-        query_bias = None if self.query_bias is None else read(self.query_bias) * scale
+        query_kernel = self._read(self.query_kernel) * scale
+        query_bias = None if self.query_bias is None else self._read(self.query_bias) * scale
         if not self_attention:
             return {"kernel": query_kernel, "bias": query_bias}
-        kernel = ops.concatenate([query_kernel, read(self.key_kernel), read(self.value_kernel)], axis=-1)
+        kernel = ops.concatenate([query_kernel, self._read(self.key_kernel), self._read(self.value_kernel)], axis=-1)
         bias = None
         if self.use_bias:
-            bias = ops.concatenate([query_bias, read(self.key_bias), read(self.value_bias)], axis=-1)
+            bias = ops.concatenate([query_bias, self._read(self.key_bias), self._read(self.value_bias)], axis=-1)
         return {"kernel": kernel, "bias": bias}
 
     def _project_qkv(self, x, projection=None):
@@ -408,9 +414,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
         mask = self._merge_masks(attention_mask, use_causal_mask, q, k, offset)
         context, weights = self._attend(q, k, v, mask, training)  # [B, T, N, d_v]
-        output = position_wise_matmul(context, self.output_kernel, merged_axes=2)  # Concat(heads) W^O
+        output = position_wise_matmul(context, self._read(self.output_kernel), merged_axes=2)  # Concat(heads) W^O
         if self.output_bias is not None:
-            output = output + self.output_bias
+            output = output + self._read(self.output_bias)
         if poison is not None:  # NaN if the cache had no room for these positions
             output = output + ops.cast(poison, output.dtype)
         if not _full_result:

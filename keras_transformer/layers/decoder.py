@@ -141,6 +141,12 @@ class DecoderLayer(TransformerLayer):
         result = (x, self_attention.weights, cross_attention.weights)
         return result if self_attention.cache is None else (*result, self_attention.cache)  # no None in outputs
 
+    def compute_output_spec(self, inputs, memory=None, *args, _full_result=False, **kwargs):
+        """The outputs' spec: `inputs`' shape in the compute dtype (`decode`'s results: traced)."""
+        if _full_result:
+            return super().compute_output_spec(inputs, memory, *args, _full_result=True, **kwargs)
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+
     def decode(
         self,
         inputs,
@@ -301,6 +307,12 @@ class Decoder(TransformerStack):
         # anything a caller keeps beside them) passes through.
         new_cache = None if cache is None else {**cache, "self": new_self_cache}
         return (x, self_weights, cross_weights) if cache is None else (x, self_weights, cross_weights, new_cache)
+
+    def compute_output_spec(self, inputs, memory=None, *args, _full_result=False, **kwargs):
+        """The outputs' spec: `inputs`' shape in the compute dtype (`decode`'s results: traced)."""
+        if _full_result:
+            return super().compute_output_spec(inputs, memory, *args, _full_result=True, **kwargs)
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
 
     def decode(
         self,

@@ -90,6 +90,8 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             raise ValueError(f"{self.name}: max_length must be positive, got {max_length}.")
         self.max_length = max_length
         self.initializer = keras.initializers.get(initializer)
+        # Positions are added in place: a Keras mask on the inputs passes through, as in `PositionalEncoding`.
+        self.supports_masking = True
 
     def build(self, input_shape):
         self.position_embeddings = self.add_weight(
