@@ -20,9 +20,8 @@ EARLY_STOPPING = ("exact", "k_finished")
 DEFAULT_EARLY_STOPPING = EARLY_STOPPING[0]
 
 # Not the paper's: sentences per decoding call of `Translator.translate` (and so of `translate`,
-# `evaluate`, validation BLEU and the demo's scoring), which sorts the input by length first. On a
-# 2-core AVX2 CPU, 256 translated test2016 1.30x as fast as 64 in a warm process, 512 no faster
-# (benchmarks/results/amd_epyc_avx2/translate_batching.json).
+# `evaluate`, validation BLEU and the demo's scoring), which sorts the input by length first; chosen
+# by `benchmarks/translate_batching.py` (its figures: `benchmarks/README.md`).
 DEFAULT_TRANSLATE_BATCH_SIZE = 256
 
 # Not the paper's: batches `Translator.translate` keeps in flight (threads). A decoding step is a chain of small

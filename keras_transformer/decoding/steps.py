@@ -142,8 +142,7 @@ class _CachedStep:
 
         It runs outside the while loop, and under XLA a decoder call there
         made the source ids compile-time constants of the computation: XLA
-        compiled it again at every call (2.5 s each on a 2-core CPU). XLA
-        keeps K rows at step 0.
+        compiled it again at every call. XLA keeps K rows at step 0.
         """
         return self.growing
 

@@ -101,9 +101,9 @@ def _log_normalizer(logits, best_logit, best_id):
     log P(best) = best_logit - logsumexp, so logsumexp = best_logit - log
     softmax(logits)[best]. The best token's probability is at least 1 / V, so
     it never underflows. In a plain graph one fused softmax (oneDNN's on CPU)
-    is several times cheaper than `tf.reduce_logsumexp`'s max, subtract, exp
-    and sum passes over V; XLA fuses those passes itself and runs the
-    softmax-and-gather form slower, so under XLA `reduce_logsumexp` stays.
+    replaces `tf.reduce_logsumexp`'s max, subtract, exp and sum passes over
+    V; XLA fuses those passes itself, so under XLA `reduce_logsumexp` stays
+    (measurements: `benchmarks/README.md`).
     """
     if compat.graph_is_compiled_by_xla():
         return tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
@@ -112,7 +112,7 @@ def _log_normalizer(logits, best_logit, best_id):
 
 
 def blocked_top_k(x, k):
-    """Exact `tf.math.top_k(x, k)` over the last axis of `x [R, K, V]`, k << V: 3-4x faster on CPU.
+    """Exact `tf.math.top_k(x, k)` over the last axis of `x [R, K, V]`, k << V, from two small top-k's.
 
     The V entries are cut into blocks of about sqrt(V / k). Each of the k largest
     entries lies in a block whose maximum is at least as large, and at most k
@@ -141,8 +141,8 @@ def strided_top_k(x, k):
     The blocked top-k of `blocked_top_k` with strided blocks: block j holds
     entries j, j + NB, j + 2 NB, ... (NB blocks). Viewed as `[R*K, block, NB]`,
     the block maxima are one max-pooling over the middle axis, which oneDNN
-    computes in bfloat16 several times faster than a cast to float32 and a
-    max-reduction over contiguous blocks. Exact in the values, as
+    computes in bfloat16, where contiguous blocks would need a cast to
+    float32 and a max-reduction. Exact in the values, as
     `tf.math.top_k`'s; among entries of equal value (frequent in bfloat16)
     it may return other indices than `tf.math.top_k`, which returns the lowest.
     Without blocks (`strided_blocks` None) it is `tf.math.top_k` in float32.

@@ -93,9 +93,9 @@ class SharedEmbedding(keras.layers.Layer):
         """The pre-softmax linear transformation: `[..., d_model] -> [..., vocab_size]` logits.
 
         `transposed_kernel`: `transposed_kernel()` computed beforehand. Decoding
-        transposes once per search instead of at every step: on an AVX2 CPU a
-        TensorFlow matmul by a transposed operand took 17 ms for 128 x 256 x
-        8000, by a materialized one 10 ms.
+        transposes once per search instead of at every step, since a matmul
+        by a materialized matrix is cheaper than one by a transposed operand
+        (measurements: `benchmarks/README.md`).
         """
         kernel = self.transposed_kernel() if transposed_kernel is None else transposed_kernel
         return position_wise_matmul(ops.cast(x, self.compute_dtype), kernel)
