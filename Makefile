@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo reproduce test lint clean
 
 install: $(STAMP)
 
@@ -15,6 +15,14 @@ $(STAMP): setup.py
 
 demo: $(STAMP)
 	$(PY) examples/train_multi30k.py
+
+# The published Transformer-tiny recipe on Multi30k (examples/reproduce_multi30k.py), three seeds, then their
+# mean and spread: hours on a CPU. An interrupted run continues when the target is run again.
+REPRO := runs/reproduce
+reproduce: $(STAMP)
+	for seed in 0 1 2; do $(PY) examples/reproduce_multi30k.py --seed $$seed --output $(REPRO)/seed$$seed || exit 1; done
+	$(PY) examples/reproduce_multi30k.py --summarize $(REPRO)/seed0 $(REPRO)/seed1 $(REPRO)/seed2 \
+		--json $(REPRO)/summary.json --plot $(REPRO)/curves.png
 
 # The tests and every `>>>` example in the package's docstrings (--doctest-modules, pytest.ini);
 # the 15 slowest are listed at the end. One pytest worker per CPU core (pytest-xdist): most tests

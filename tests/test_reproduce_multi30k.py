@@ -1,0 +1,74 @@
+"""examples/reproduce_multi30k.py: the published recipe mapped onto the library, and the run end to end."""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+import reproduce_multi30k as recipe  # noqa: E402
+
+
+def fairseq_inverse_sqrt(update, lr=0.005, warmup=2000, init=1e-7):
+    """fairseq's `inverse_sqrt` scheduler (`fairseq/optim/lr_scheduler/inverse_square_root_schedule.py`)."""
+    if update < warmup:
+        return init + update * (lr - init) / warmup
+    return lr * math.sqrt(warmup) / math.sqrt(update)
+
+
+@pytest.mark.parametrize("updates_done", [0, 1, 500, 1998, 1999, 2000, 4000, 7999])
+def test_equation_3_with_the_recipe_scale_is_fairseqs_inverse_sqrt(updates_done):
+    """The same curve, one update apart: equation (3) counts steps from 1, so the schedule at the optimizer's
+    iteration i is eq. (3) at step i + 1, while fairseq's first update uses its initial rate (1e-7)."""
+    from keras_transformer.optimization import TransformerSchedule
+
+    schedule = TransformerSchedule(recipe.D_MODEL, recipe.RECIPE["warmup_steps"], recipe.RECIPE["lr_scale"])
+    ours = float(schedule(updates_done))
+    assert ours == pytest.approx(fairseq_inverse_sqrt(updates_done + 1), rel=1e-4, abs=2e-7)
+
+
+def test_the_recipe_is_transformer_tiny():
+    from keras_transformer import TransformerConfig
+
+    config = TransformerConfig.from_preset(recipe.RECIPE["preset"], recipe.RECIPE["vocab_size"], dropout=0.3)
+    assert (config.num_layers, config.d_model, config.d_ff, config.num_heads) == (4, 128, 256, 4)
+    assert config.share_embeddings and not config.norm_first
+    assert recipe.RECIPE["batch_tokens"] == 2 * 4096 and recipe.RECIPE["max_steps"] == 8000
+    assert recipe.RECIPE["average_last"] == 10 and (recipe.BEAM, recipe.ALPHA) == (5, 1.0)
+
+
+def test_fairseq_patience_is_counted_on_validation_loss():
+    rows = [{"epoch": str(i), "val_loss": str(loss)} for i, loss in enumerate([3.0, 2.5, 2.4] + [2.41] * 10)]
+    assert recipe.patience_stop(rows) == 13  # the 10th epoch without a new best (epochs 3..12, 0-based)
+    assert recipe.patience_stop(rows[:12]) is None
+
+
+def test_a_short_run_trains_resumes_scores_and_exports(tmp_path, monkeypatch):
+    """A tiny model on 200 pairs: reproduction.json with both splits, an export, a resume that continues."""
+    monkeypatch.setitem(recipe.RECIPE, "preset", "tiny")
+    monkeypatch.setitem(recipe.RECIPE, "vocab_size", 400)
+    monkeypatch.setitem(recipe.RECIPE, "batch_tokens", 256)
+    monkeypatch.setitem(recipe.RECIPE, "max_steps", 4)
+    monkeypatch.setitem(recipe.RECIPE, "validate_bleu_every", 4)
+    monkeypatch.setitem(recipe.RECIPE, "precision", "float32")
+    output = str(tmp_path / "seed3")
+    first = recipe.run(3, output, export=False, limit=200)
+    assert first["step"] == 4 and first["seed"] == 3
+    with open(os.path.join(output, "data", "test2016.en"), encoding="utf-8") as f:
+        assert f.read().splitlines()[0] == "a man in an orange hat starring at something ."
+    monkeypatch.setitem(recipe.RECIPE, "max_steps", 6)
+    report = recipe.run(3, output, export=True, limit=200)
+    assert report["step"] == 6 and report["steps_per_epoch"] == first["steps_per_epoch"]
+    saved = json.loads(open(os.path.join(output, "reproduction.json"), encoding="utf-8").read())
+    for split in ("val", "test2016"):
+        assert 0.0 <= saved[split]["tok_bleu"] <= 100.0 and "chrf" in saved[split]["detokenized"]
+    assert os.path.exists(os.path.join(report["export_path"], "saved_model.pb"))
+    export_info = json.loads(
+        open(os.path.join(report["export_path"], "assets", "export.json"), encoding="utf-8").read()
+    )
+    assert "lower-cased" in json.dumps(export_info)
+    summary = recipe.summarize([output, output], str(tmp_path / "summary.json"), str(tmp_path / "curves.png"))
+    assert summary["test2016"]["sd"] == 0.0 and os.path.getsize(tmp_path / "curves.png") > 0
