@@ -80,6 +80,8 @@ def add_training_arguments(parser, defaults=None):
     _add_data_flags(parser, d)
     _add_schedule_flags(parser, d)
     _add_run_flags(parser, d)
+    _add_checkpoint_flags(parser, d)
+    _add_validation_flags(parser, d)
     return parser
 
 
@@ -211,7 +213,7 @@ def _add_schedule_flags(parser, d):
 
 
 def _add_run_flags(parser, d):
-    """Run directory, starting point, precision, checkpoints, validation and logs."""
+    """Run directory, starting point, precision and seed."""
     run = parser.add_argument_group("run")
     run.add_argument("--output", "-o", default=d.output, help="run directory (default %(default)s)")
     run.add_argument(
@@ -239,6 +241,11 @@ def _add_run_flags(parser, d):
         "--xla", action=argparse.BooleanOptionalAction, default=d.xla, help="compile the train step with XLA"
     )
     run.add_argument("--seed", type=int, default=d.seed, help="weights, dropout and data order (default %(default)s)")
+
+
+def _add_checkpoint_flags(parser, d):
+    """Checkpoints and the final model's weights: averaging (§6.1) or an EMA."""
+    run = parser.add_argument_group("checkpoints")
     run.add_argument(
         "--checkpoint-every",
         type=int,
@@ -277,6 +284,11 @@ def _add_run_flags(parser, d):
         help="keep an exponential moving average of the weights (e.g. 0.999), validate with it and "
         "export it: an alternative to --average-last (default off)",
     )
+
+
+def _add_validation_flags(parser, d):
+    """Validation, logs and how the steps are run."""
+    run = parser.add_argument_group("validation and logs")
     run.add_argument(
         "--validate-every",
         type=int,
