@@ -1,6 +1,6 @@
 """Checkpoint averaging across runs (§6.1): only checkpoints of the same model and vocabulary.
 
-The averaging itself (one run): tests/test_training.py.
+The averaging itself (one run): tests/test_loop.py.
 """
 
 import dataclasses

@@ -53,7 +53,7 @@ def test_time_budgeted_run_cools_down_to_its_last_step(tmp_path, spm500, monkeyp
     """Each step's logged learning rate is equation (3) times the factor of the run's progress.
 
     The budget's clock advances one second per step (as in the time budget's test in
-    test_training.py): 10 steps in a 10 s budget, the last half of it cooling down.
+    test_loop.py): 10 steps in a 10 s budget, the last half of it cooling down.
     """
     from keras_transformer.training.run import Run
 
