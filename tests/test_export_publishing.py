@@ -120,7 +120,9 @@ def test_an_export_s_n_best_signature_against_a_smaller_beam(tiny_run_dir, tmp_p
         n_best=3,
         warmup_sentences=None,
     )
-    assert cli.main(["export", first, "--output", str(tmp_path / "smaller"), "--beam", "2", "--no-warmup"]) == 2
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["export", first, "--output", str(tmp_path / "smaller"), "--beam", "2", "--no-warmup"])
+    assert raised.value.code == 2
     assert re.fullmatch(
         r"keras-transformer export: --n-best: must be given: .* translate_n_best signature of the 3 best, more "
         r"than the beam size 2 gives; give at most 2, or 0 for no n-best signature\.\n",

@@ -14,8 +14,16 @@ keras_transformer` does not.
 import argparse
 import importlib
 import os
-import sys
 
+from keras_transformer.cli.errors import (
+    DEBUG_ENVIRONMENT,
+    INTERRUPTED,
+    USAGE,
+    CommandExit,
+    debug_requested,
+    describe,
+    fail,
+)
 from keras_transformer.errors import ParameterError
 
 # Command modules, in the order of --help.
@@ -82,26 +90,33 @@ PARAMETER_FLAGS = {
 
 
 def parameter_error_message(command, args, error):
-    """`keras-transformer COMMAND: --flag VALUE: message` for a `ParameterError` that `command` raised.
+    """`--flag VALUE: message` for a `ParameterError` that `command` raised, as its error line says it.
 
     Example:
         >>> import argparse
         >>> args = argparse.Namespace(n_best=2)
         >>> parameter_error_message("translate", args, ParameterError("n_best", "must be at most 1"))
-        'keras-transformer translate: --n-best 2: must be at most 1'
+        '--n-best 2: must be at most 1'
     """
     flag = PARAMETER_FLAGS.get(command, {}).get(error.parameter)
     if flag is None:  # a parameter no flag of the command sets: named as the library names it
-        return f"keras-transformer {command}: {error}"
+        return str(error)
     value = getattr(args, flag[2:].replace("-", "_"), None)
     given = f"{flag} {value}" if value is not None and not isinstance(value, bool) else flag
-    return f"keras-transformer {command}: {given}: {error.message}"
+    return f"{given}: {error.message}"
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
         description="Train, evaluate, inspect and export the Transformer of Vaswani et al. (2017).",
+        epilog="Errors are one line on stderr, exit status 2 for bad input or usage, 1 for a failure at "
+        f"run time, 130 for Ctrl-C; --debug (or {DEBUG_ENVIRONMENT}=1) adds the traceback.",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"print the traceback of an error as well as its one line (also: {DEBUG_ENVIRONMENT}=1)",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
@@ -110,14 +125,30 @@ def build_parser():
 
 
 def main(argv=None):
+    """The `keras-transformer` command: returns 0, or raises `SystemExit` with the exit status.
+
+    A failure prints one line, `keras-transformer COMMAND: what went wrong, and
+    where`, and ends with `errors.CommandExit` (a `SystemExit` whose `str()` is
+    `"COMMAND: message"`): status 2 for bad input, 1 at run time, 130 for Ctrl-C.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # while the commands' modules load
+        fail(None, "interrupted.", INTERRUPTED, debug_requested())
+    debug = debug_requested(args.debug)
     try:
         return args.func(args) or 0
+    except KeyboardInterrupt:
+        fail(args.command, "interrupted.", INTERRUPTED, debug)
     except ParameterError as error:  # a value the library refuses: named by the flag that gave it
-        print(parameter_error_message(args.command, args, error), file=sys.stderr, flush=True)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        fail(args.command, parameter_error_message(args.command, args, error), USAGE, debug)
+    except CommandExit:
+        raise
+    except SystemExit as error:
+        if not isinstance(error.code, str):
+            raise
+        message = error.code  # a message a library ended with: one line, without a repeated command name
+        fail(args.command, message.removeprefix(f"{args.command}: "), USAGE, debug)
+    except Exception as error:
+        fail(args.command, *describe(error), debug)

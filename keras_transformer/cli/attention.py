@@ -3,6 +3,7 @@
 import os
 
 from keras_transformer.cli.decoding_options import add_search_options, run_translator_from_args
+from keras_transformer.cli.errors import CommandError
 
 
 def register(subparsers):
@@ -23,18 +24,18 @@ def run(args):
     from keras_transformer.inference.translator import is_saved_model
 
     if is_saved_model(args.model):
-        raise SystemExit(
-            f"attention: {args.model} is an exported SavedModel, which does not expose attention weights; "
+        raise CommandError(
+            f"{args.model} is an exported SavedModel, which does not expose attention weights; "
             "give the training run directory."
         )
     if is_blank(args.sentence):  # checked before the model loads
-        raise SystemExit("attention: nothing to show: the sentence is blank (it translates to an empty string).")
+        raise CommandError("nothing to show: the sentence is blank (it translates to an empty string).")
     translator = run_translator_from_args(
-        args, "attention", beam_size=args.beam, alpha=args.alpha, max_extra_length=args.max_extra_length
+        args, beam_size=args.beam, alpha=args.alpha, max_extra_length=args.max_extra_length
     )
     num_layers = translator.model.config.num_layers
     if not -num_layers <= args.layer < num_layers:
-        raise SystemExit(f"attention: --layer {args.layer} is out of range for {num_layers} layers.")
+        raise CommandError(f"--layer {args.layer} is out of range for {num_layers} layers.")
     weights = attention_weights(translator, args.sentence, layer=args.layer)
     layer_number = args.layer % num_layers + 1
     output = args.output or os.path.join(args.model, f"attention_layer{layer_number}.png")

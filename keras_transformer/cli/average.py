@@ -2,6 +2,8 @@
 
 import os
 
+from keras_transformer.cli.errors import CommandError
+
 
 def register(subparsers):
     parser = subparsers.add_parser(
@@ -18,13 +20,13 @@ def register(subparsers):
 
 def run(args):
     if args.last < 1:  # checked before anything is read
-        raise SystemExit(f"average-checkpoints: --last must be at least 1, got {args.last}.")
+        raise CommandError(f"--last must be at least 1, got {args.last}.")
     from keras_transformer.training.averaging import write_averaged_model
 
     try:
         output, chosen = write_averaged_model(args.run_dir, args.last, args.output)
     except (FileNotFoundError, ValueError) as error:  # no checkpoints, no config.json, a config it refuses
-        raise SystemExit(f"average-checkpoints: {error}") from None
+        raise CommandError(str(error)) from None
     print(f"Averaged {len(chosen)} checkpoints of {args.run_dir} into {output}:")
     for path in chosen:
         print(f"  {os.path.basename(path)}")

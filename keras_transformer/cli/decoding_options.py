@@ -3,6 +3,7 @@
 import contextlib
 import os
 
+from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.threads import set_pools_for
 from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
@@ -83,16 +84,14 @@ def add_model_options(parser):
     )
 
 
-def translator_from_args(args, command):
-    """The translator the options describe; a missing model or a refused option ends `command` with a message.
+def translator_from_args(args):
+    """The translator the options describe; a missing model or a refused option is a `CommandError`.
 
     First gives each of the batches `Translator.translate` keeps in flight its
     share of the cores (`cli.threads`), before TensorFlow starts.
     """
     if not os.path.isdir(args.model):
-        raise SystemExit(
-            f"{command}: --model {args.model}: no such directory (expected a run directory or a SavedModel)."
-        )
+        raise CommandError(f"--model {args.model}: no such directory (expected a run directory or a SavedModel).")
     set_pools_for(DEFAULT_TRANSLATE_WORKERS)
     from keras_transformer.inference.translator import load_translator
 
@@ -103,7 +102,7 @@ def translator_from_args(args, command):
         sampling = dict(
             top_k=0 if top_k is None else top_k, temperature=1.0 if temperature is None else temperature, seed=args.seed
         )
-    with _loading_errors(command, args.model):
+    with _loading_errors(args.model):
         return load_translator(
             args.model,
             args.beam,
@@ -116,19 +115,19 @@ def translator_from_args(args, command):
         )
 
 
-def run_translator_from_args(args, command, **options):
-    """A `Translator` of the training run directory `args.model` (score, attention), or `command`'s end message."""
+def run_translator_from_args(args, **options):
+    """A `Translator` of the training run directory `args.model` (score, attention), or a `CommandError`."""
     from keras_transformer.inference.translator import Translator
 
     if not os.path.isdir(args.model):
-        raise SystemExit(f"{command}: --model {args.model}: no such directory (expected a training run directory).")
-    with _loading_errors(command, args.model):
+        raise CommandError(f"--model {args.model}: no such directory (expected a training run directory).")
+    with _loading_errors(args.model):
         return Translator.from_run_dir(args.model, **options)
 
 
 @contextlib.contextmanager
-def _loading_errors(command, path):
-    """Ends `command` with a message instead of a traceback when the model at `path` cannot be loaded."""
+def _loading_errors(path):
+    """A `CommandError` (one line) instead of a traceback when the model at `path` cannot be loaded."""
     import tensorflow as tf
 
     try:
@@ -136,6 +135,6 @@ def _loading_errors(command, path):
     except ParameterError:
         raise  # named by its flag (`cli.main`)
     except (FileNotFoundError, ValueError) as error:
-        raise SystemExit(f"{command}: {error}") from None
+        raise CommandError(str(error)) from None
     except tf.errors.NotFoundError as error:  # e.g. a directory without the run's spm.model
-        raise SystemExit(f"{command}: --model {path}: {error.message}") from None
+        raise CommandError(f"--model {path}: {error.message}") from None

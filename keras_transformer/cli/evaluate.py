@@ -3,6 +3,7 @@
 import json
 
 from keras_transformer.cli.decoding_options import add_model_options, translator_from_args
+from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.text_files import read_lines
 from keras_transformer.errors import ParameterError
 
@@ -37,29 +38,29 @@ def run(args):
 
     if args.multi30k:
         if args.src or args.ref:
-            raise SystemExit("evaluate: give --multi30k SPLIT or --src and --ref, not both.")
+            raise CommandError("give --multi30k SPLIT or --src and --ref, not both.")
         from keras_transformer.data import corpora
 
         try:
             sources = corpora.read_lines(args.multi30k, args.src_lang)
             references = corpora.read_lines(args.multi30k, args.tgt_lang)
         except ValueError as error:
-            raise SystemExit(f"evaluate --multi30k {args.multi30k}: {error}") from None
+            raise CommandError(f"--multi30k {args.multi30k}: {error}") from None
     elif not (args.src and args.ref):
-        raise SystemExit("evaluate: give --src and --ref (files), or --multi30k SPLIT.")
+        raise CommandError("give --src and --ref (files), or --multi30k SPLIT.")
     else:
-        sources, references = read_lines(args.src, "evaluate"), read_lines(args.ref, "evaluate")
+        sources, references = read_lines(args.src, "--src"), read_lines(args.ref, "--ref")
     if len(sources) != len(references):
-        raise SystemExit(f"evaluate: {args.src} has {len(sources)} lines but {args.ref} has {len(references)}.")
+        raise CommandError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(references)}.")
     if not sources:  # checked before the model loads
-        raise SystemExit(f"evaluate: {args.src} and {args.ref} have no sentences.")
-    translator = translator_from_args(args, "evaluate")
+        raise CommandError(f"{args.src} and {args.ref} have no sentences.")
+    translator = translator_from_args(args)
     try:
         hypotheses = translator.translate(sources, batch_size=args.batch_size, progress=args.progress)
     except ParameterError:
         raise  # named by its flag (`cli.main`)
     except ValueError as error:  # an option the model refuses: --batch-size
-        raise SystemExit(f"evaluate: {error}") from None
+        raise CommandError(str(error)) from None
     result = corpus_scores(hypotheses, references, lang=args.tgt_lang)
     result.update(model=args.model, sentences=len(sources))
     if args.multi30k:

@@ -1,6 +1,7 @@
 """`keras-transformer export`: a SavedModel for TensorFlow Serving (strings in, translations out)."""
 
 from keras_transformer.cli.decoding_options import add_search_options
+from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.text_files import read_lines
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
@@ -78,9 +79,9 @@ def _warmup_sentences(args):
         return None
     if args.warmup_sentences is None:
         return "auto"
-    sentences = [line for line in read_lines(args.warmup_sentences, "export --warmup-sentences") if line]
+    sentences = [line for line in read_lines(args.warmup_sentences, "--warmup-sentences") if line]
     if not sentences:
-        raise SystemExit(f"export: --warmup-sentences {args.warmup_sentences} has no sentences.")
+        raise CommandError(f"--warmup-sentences {args.warmup_sentences} has no sentences.")
     return sentences
 
 
@@ -107,8 +108,8 @@ def run(args):
     except ParameterError:
         raise  # named by its flag (`cli.main`)
     except FileExistsError as error:
-        raise SystemExit(f"export: {error} (--version, --overwrite)") from None
+        raise CommandError(f"{error} (--version, --overwrite)") from None
     except (FileNotFoundError, ImportError, ValueError) as error:
-        raise SystemExit(f"export: {error}") from None
+        raise CommandError(str(error)) from None
     print(path)
     return 0

@@ -3,6 +3,7 @@
 import sys
 
 from keras_transformer.cli.decoding_options import run_translator_from_args
+from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.text_files import read_lines
 from keras_transformer.errors import ParameterError
 
@@ -28,27 +29,27 @@ def run(args):
     from keras_transformer.inference.translator import is_saved_model
 
     if is_saved_model(args.model):
-        raise SystemExit(
-            f"score: {args.model} is an exported SavedModel, which translates but does not score; "
+        raise CommandError(
+            f"{args.model} is an exported SavedModel, which translates but does not score; "
             "give the training run directory."
         )
-    sources, targets = read_lines(args.src, "score"), read_lines(args.tgt, "score")
+    sources, targets = read_lines(args.src, "--src"), read_lines(args.tgt, "--tgt")
     if len(sources) != len(targets):
-        raise SystemExit(f"score: {args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}.")
+        raise CommandError(f"{args.src} has {len(sources)} lines but {args.tgt} has {len(targets)}.")
     if args.batch_size < 1:  # checked before the model loads
-        raise SystemExit(f"score: --batch-size must be at least 1, got {args.batch_size}.")
-    translator = run_translator_from_args(args, "score", checkpoint=args.checkpoint)
+        raise CommandError(f"--batch-size must be at least 1, got {args.batch_size}.")
+    translator = run_translator_from_args(args, checkpoint=args.checkpoint)
     try:
         scores = score_pairs(translator, sources, targets, batch_size=args.batch_size, normalize=args.normalize)
     except TargetTooLongError as error:
-        raise SystemExit(
-            f"score: {args.tgt} line {error.index + 1}: the target has {error.pieces} pieces, more "
+        raise CommandError(
+            f"{args.tgt} line {error.index + 1}: the target has {error.pieces} pieces, more "
             f"than the {error.max_pieces} the model's learned positions allow."
         ) from None
     except ParameterError:
         raise  # named by its flag (`cli.main`)
     except ValueError as error:
-        raise SystemExit(f"score: {error}") from None
+        raise CommandError(str(error)) from None
     for score in scores:
         sys.stdout.write(f"{score:.6f}\n")
     return 0

@@ -3,6 +3,7 @@
 import sys
 
 from keras_transformer.cli.decoding_options import add_model_options, translator_from_args
+from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.text_files import read_lines, read_stdin_lines
 from keras_transformer.errors import ParameterError
 
@@ -49,14 +50,14 @@ def read_sentences(args):
     if args.sentences:
         return list(args.sentences)
     if args.input and args.input != "-":
-        return read_lines(args.input, "translate")
-    return read_stdin_lines("translate")
+        return read_lines(args.input, "--input")
+    return read_stdin_lines()
 
 
 def run(args):
     if args.sentences and args.input:
-        raise SystemExit("translate: give sentences as arguments or --input, not both.")
-    translator = translator_from_args(args, "translate")
+        raise CommandError("give sentences as arguments or --input, not both.")
+    translator = translator_from_args(args)
     sentences = read_sentences(args)
     try:
         translations = translator.translate(
@@ -65,7 +66,7 @@ def run(args):
     except ParameterError:
         raise  # named by its flag (`cli.main`)
     except ValueError as error:  # an option the model refuses: --batch-size
-        raise SystemExit(f"translate: {error}") from None
+        raise CommandError(str(error)) from None
     for index, result in enumerate(translations):
         if args.n_best is None:
             sys.stdout.write(result.replace("\n", " ") + "\n")
