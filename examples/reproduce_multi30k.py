@@ -121,7 +121,7 @@ def epoch_length(args):
     import tensorflow as tf
 
     from keras_transformer.data.spec import DataSpec
-    from keras_transformer.data.tokenizer import get_or_train_tokenizer
+    from keras_transformer.run_dir import get_or_train_tokenizer
     from keras_transformer.training.stream import TrainingData
 
     spec = DataSpec.parse(args.data)

@@ -29,8 +29,13 @@ import glob
 import json
 import os
 import re
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from keras_transformer import compat
+
+if TYPE_CHECKING:
+    from keras_transformer.data.tokenizer import Tokenizer
 
 CONFIG_FILENAME = "config.json"
 # The SentencePiece vocabulary: a run directory's, and the asset an export carries (assets/spm.model).
@@ -174,3 +179,51 @@ def load_run(run_dir, checkpoint=None, dtype=None):
     model.load_weights(checkpoint)
     model.compile()
     return model, tokenizer
+
+
+def get_or_train_tokenizer(
+    run_dir: str | os.PathLike,
+    texts_fn: Callable[[], Iterable[str]],
+    vocab_size: int = 8000,
+    **train_kwargs,
+) -> Tokenizer:
+    """Loads the run's vocabulary (`TOKENIZER_FILENAME`) if it exists, else trains it and saves it there.
+
+    Args:
+        run_dir: run directory (created if needed).
+        texts_fn: zero-argument callable returning the training sentences; only
+            called when training is needed (so resuming a run reads no text).
+        vocab_size: requested vocabulary size.
+        **train_kwargs: forwarded to `keras_transformer.data.tokenizer.train_tokenizer`.
+
+    Raises:
+        ValueError: if a cached model exists with a different vocabulary size
+            (its ids would not match a model configured for `vocab_size`).
+    """
+    import logging
+    import tempfile
+
+    from keras_transformer.data.tokenizer import Tokenizer, train_tokenizer
+
+    logger = logging.getLogger(__name__)
+    run_dir = os.fspath(run_dir)
+    path = os.path.join(run_dir, TOKENIZER_FILENAME)
+    if os.path.exists(path):
+        tokenizer = Tokenizer(path)
+        if tokenizer.vocab_size != vocab_size:
+            raise ValueError(
+                f"{path} has vocab_size {tokenizer.vocab_size}, but {vocab_size} was "
+                "requested; use another run directory or delete the file."
+            )
+        logger.info("Reusing tokenizer %s (vocab_size %d)", path, vocab_size)
+        return tokenizer
+    os.makedirs(run_dir, exist_ok=True)
+    # Train under a temporary prefix and rename, so an interrupted run never
+    # leaves a half-written spm.model that the next run would silently reuse.
+    with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
+        prefix = os.path.join(tmp, "spm")
+        train_tokenizer(texts_fn(), prefix, vocab_size, **train_kwargs)
+        os.replace(prefix + ".vocab", os.path.join(run_dir, "spm.vocab"))
+        os.replace(prefix + ".model", path)
+    logger.info("Trained tokenizer %s (vocab_size %d)", path, vocab_size)
+    return Tokenizer(path)

@@ -144,7 +144,7 @@ def test_a_vocabulary_or_architecture_mismatch_is_refused(base_run, tmp_path):
 
 def test_the_same_vocabulary_trained_again_is_adopted(tmp_path):
     """Each training records its (here temporary) model_prefix in spm.model: the bytes differ, the vocabulary not."""
-    from keras_transformer.data.tokenizer import get_or_train_tokenizer
+    from keras_transformer.run_dir import get_or_train_tokenizer
     from keras_transformer.training.init_from import adopt_vocabulary
 
     texts = corpora.read_lines("train", "en")[:1000] + corpora.read_lines("train", "de")[:1000]

@@ -12,7 +12,6 @@ from keras_transformer.data.tokenizer import (
     PAD_ID,
     UNK_ID,
     Tokenizer,
-    get_or_train_tokenizer,
     train_tokenizer,
     vocabulary_difference,
 )
@@ -139,23 +138,6 @@ def test_full_multi30k_vocab_trains(tmp_path):
     # Every sentence round-trips (byte fallback: no piece is lost).
     sample = texts[::997]
     assert [s.decode("utf-8") for s in tok.detokenize(tok.tokenize(sample)).numpy()] == sample
-
-
-def test_get_or_train_tokenizer_caches(tmp_path):
-    run_dir = tmp_path / "run"
-    calls = []
-
-    def texts_fn():
-        calls.append(1)
-        return _train_texts()[:1000]
-
-    first = get_or_train_tokenizer(run_dir, texts_fn, vocab_size=500)
-    assert (run_dir / "spm.model").exists() and calls == [1]
-    assert sorted(p.name for p in run_dir.iterdir()) == ["spm.model", "spm.vocab"]  # no temp left
-    second = get_or_train_tokenizer(run_dir, lambda: pytest.fail("must not retrain"), vocab_size=500)
-    assert second.model_proto == first.model_proto
-    with pytest.raises(ValueError, match="vocab_size 500"):
-        get_or_train_tokenizer(run_dir, texts_fn, vocab_size=600)
 
 
 def test_rejects_model_with_other_special_ids(tmp_path):

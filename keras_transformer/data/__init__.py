@@ -17,7 +17,7 @@ Example:
 
     from keras_transformer.data import load_dataset, make_batches
     from keras_transformer.data.corpora import read_lines
-    from keras_transformer.data.tokenizer import get_or_train_tokenizer
+    from keras_transformer.run_dir import get_or_train_tokenizer
 
     tokenizer = get_or_train_tokenizer(
         "runs/base", lambda: read_lines("train", "en") + read_lines("train", "de"), vocab_size=8000)

@@ -32,8 +32,7 @@ import hashlib
 import itertools
 import logging
 import os
-import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import sentencepiece as spm
@@ -50,14 +49,10 @@ __all__ = [
     "EOS_ID",
     "Tokenizer",
     "train_tokenizer",
-    "get_or_train_tokenizer",
     "vocabulary_difference",
 ]
 
 logger = logging.getLogger(__name__)
-
-# File name used by get_or_train_tokenizer inside a run directory.
-MODEL_FILENAME = "spm.model"
 
 
 class Tokenizer(tf.Module):
@@ -382,45 +377,3 @@ def vocabulary_difference(a, b) -> str | None:
             fields = sorted(name for name in names if getattr(x, name) != getattr(y, name))
             return f"their {part} differs" + (f" ({', '.join(fields)})" if fields else "")
     return "their model protos differ"
-
-
-def get_or_train_tokenizer(
-    run_dir: str | os.PathLike,
-    texts_fn: Callable[[], Iterable[str]],
-    vocab_size: int = 8000,
-    **train_kwargs,
-) -> Tokenizer:
-    """Loads `run_dir/spm.model` if it exists, else trains it and saves it there.
-
-    Args:
-        run_dir: run directory (created if needed).
-        texts_fn: zero-argument callable returning the training sentences; only
-            called when training is needed (so resuming a run reads no text).
-        vocab_size: requested vocabulary size.
-        **train_kwargs: forwarded to `train_tokenizer`.
-
-    Raises:
-        ValueError: if a cached model exists with a different vocabulary size
-            (its ids would not match a model configured for `vocab_size`).
-    """
-    run_dir = os.fspath(run_dir)
-    path = os.path.join(run_dir, MODEL_FILENAME)
-    if os.path.exists(path):
-        tokenizer = Tokenizer(path)
-        if tokenizer.vocab_size != vocab_size:
-            raise ValueError(
-                f"{path} has vocab_size {tokenizer.vocab_size}, but {vocab_size} was "
-                "requested; use another run directory or delete the file."
-            )
-        logger.info("Reusing tokenizer %s (vocab_size %d)", path, vocab_size)
-        return tokenizer
-    os.makedirs(run_dir, exist_ok=True)
-    # Train under a temporary prefix and rename, so an interrupted run never
-    # leaves a half-written spm.model that the next run would silently reuse.
-    with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
-        prefix = os.path.join(tmp, "spm")
-        train_tokenizer(texts_fn(), prefix, vocab_size, **train_kwargs)
-        os.replace(prefix + ".vocab", os.path.join(run_dir, "spm.vocab"))
-        os.replace(prefix + ".model", path)
-    logger.info("Trained tokenizer %s (vocab_size %d)", path, vocab_size)
-    return Tokenizer(path)

@@ -30,7 +30,6 @@ import tensorflow as tf
 
 from keras_transformer import hardware
 from keras_transformer.data import DataSpec, load_dataset
-from keras_transformer.data.tokenizer import get_or_train_tokenizer
 from keras_transformer.errors import ParameterError
 from keras_transformer.losses import MaskedAccuracy
 from keras_transformer.model import Transformer
@@ -44,6 +43,7 @@ from keras_transformer.run_dir import (
     LOG_DIR,
     TOKENIZER_FILENAME,
     atomic_write_text,
+    get_or_train_tokenizer,
     list_checkpoints,
     read_csv,
 )
