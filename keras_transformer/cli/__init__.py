@@ -2,18 +2,19 @@
 
 Each command module has `register(subparsers)`, which adds its parser (with
 `func` set to its `run`), and `run(args)`, which imports what the command
-needs and returns an exit code. Registering imports the package (the model,
-and with it Keras and TensorFlow) and the modules that define the flags'
-defaults and choices, but none of a command's own modules (the translator,
-the exports, the data pipeline, the training loop) and none of the
-libraries they need (SentencePiece, tensorflow-text, TFDS, sacreBLEU,
-CTranslate2): `keras-transformer --help` loads no library that `import
-keras_transformer` does not.
+needs and returns an exit code. `main` first answers `--version` (without
+loading TensorFlow), then loads TensorFlow with its start-up logging
+silenced (`cli.startup`), then registers the commands. Registering imports
+the modules that define the flags' defaults and choices (the decoding
+defaults load the model's package, Keras and TensorFlow), but none of a
+command's own modules (the translator, the exports, the data pipeline, the
+training loop) and none of the libraries they need (SentencePiece,
+tensorflow-text, TFDS, sacreBLEU, CTranslate2).
 """
 
 import argparse
 import importlib
-import os
+import sys
 
 from keras_transformer.cli.errors import (
     DEBUG_ENVIRONMENT,
@@ -23,6 +24,13 @@ from keras_transformer.cli.errors import (
     debug_requested,
     describe,
     fail,
+)
+from keras_transformer.cli.startup import (
+    TF_LOGS_HELP,
+    VERSION,
+    global_flags,
+    import_tensorflow_quietly,
+    tensorflow_logs_requested,
 )
 from keras_transformer.errors import ParameterError
 
@@ -106,12 +114,21 @@ def parameter_error_message(command, args, error):
     return f"{given}: {error.message}"
 
 
+ERRORS_HELP = (
+    "Errors are one line on stderr; exit status 2 for bad input or usage, 1 for a failure at run time, "
+    f"130 for Ctrl-C; --debug (before COMMAND) or {DEBUG_ENVIRONMENT}=1 adds the traceback."
+)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
         description="Train, evaluate, inspect and export the Transformer of Vaswani et al. (2017).",
-        epilog="Errors are one line on stderr, exit status 2 for bad input or usage, 1 for a failure at "
-        f"run time, 130 for Ctrl-C; --debug (or {DEBUG_ENVIRONMENT}=1) adds the traceback.",
+        epilog=f"{TF_LOGS_HELP} {ERRORS_HELP}",
+    )
+    parser.add_argument("--version", action="version", version=f"keras-transformer {VERSION}")
+    parser.add_argument(
+        "--verbose-tf", action="store_true", help=f"show TensorFlow's start-up logging ({TF_LOGS_HELP})"
     )
     parser.add_argument(
         "--debug",
@@ -121,6 +138,8 @@ def build_parser():
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    for command in subparsers.choices.values():
+        command.epilog = " ".join(filter(None, (command.epilog, TF_LOGS_HELP, ERRORS_HELP)))
     return parser
 
 
@@ -131,10 +150,19 @@ def main(argv=None):
     where`, and ends with `errors.CommandExit` (a `SystemExit` whose `str()` is
     `"COMMAND: message"`): status 2 for bad input, 1 at run time, 130 for Ctrl-C.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if global_flags(argv) == ["--version"]:  # answered before anything loads TensorFlow
+        print(f"keras-transformer {VERSION}")
+        return 0
     try:
-        args = build_parser().parse_args(argv)
-    except KeyboardInterrupt:  # while the commands' modules load
+        if not tensorflow_logs_requested(argv):
+            import_tensorflow_quietly()
+        parser = build_parser()
+        if not argv:  # a bare command: the commands and what they do
+            parser.print_help()
+            return 0
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:  # while TensorFlow and the commands' modules load
         fail(None, "interrupted.", INTERRUPTED, debug_requested())
     debug = debug_requested(args.debug)
     try:

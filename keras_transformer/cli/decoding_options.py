@@ -90,9 +90,9 @@ def translator_from_args(args):
     First gives each of the batches `Translator.translate` keeps in flight its
     share of the cores (`cli.threads`), before TensorFlow starts.
     """
+    set_pools_for(DEFAULT_TRANSLATE_WORKERS)
     if not os.path.isdir(args.model):
         raise CommandError(f"--model {args.model}: no such directory (expected a run directory or a SavedModel).")
-    set_pools_for(DEFAULT_TRANSLATE_WORKERS)
     from keras_transformer.inference.translator import load_translator
 
     sampling = None
