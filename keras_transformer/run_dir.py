@@ -47,9 +47,23 @@ BLEU_FILENAME = "bleu.csv"
 CURVES_FILENAME = "curves.png"
 CHECKPOINT_DIR = "checkpoints"
 BACKUP_DIR = "backup"
+BACKUP_STATE_FILENAME = "state.json"  # in BACKUP_DIR: the step, the weights file and its checksum
 LOG_DIR = "logs"
 
 _CHECKPOINT_RE = re.compile(r"ckpt-(\d+)\.weights\.h5$")
+# The package's temporary names: `tmp-PID-NAME` (weights, models, the vocabulary's directory) and
+# `NAME.tmp-PID` (`atomic_write_text`, logs, curves).
+_TEMPORARY_RE = re.compile(r"^tmp-\d+-.|\.tmp-\d+$")
+
+
+def is_temporary_name(name):
+    """Whether a file name is one of the package's temporary names (`tmp-PID-NAME` or `NAME.tmp-PID`).
+
+    Example:
+        >>> [is_temporary_name(n) for n in ("tmp-41-model.keras", "config.json.tmp-41", "tmp-notes.txt")]
+        [True, True, False]
+    """
+    return bool(_TEMPORARY_RE.search(name))
 
 
 def atomic_write_text(path, text):
@@ -75,6 +89,51 @@ def read_csv(path):
 def checkpoint_path(directory, step):
     """`directory/ckpt-{step:08d}.weights.h5`."""
     return os.path.join(directory, f"ckpt-{step:08d}.weights.h5")
+
+
+def file_sha256(path):
+    """The SHA-256 of a file's bytes, as hex: the checksum `backup/state.json` records for its weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def weights_file_problem(path, sha256=None):
+    """Why the weights file `path` cannot be trusted, or None if it is intact.
+
+    With `sha256` (recorded when the file was written), the file's checksum
+    must match it; without, every dataset of the HDF5 file must read back
+    (h5py's own checks: a truncated file or a broken structure fails, bytes
+    overwritten inside a dataset do not).
+
+    Example:
+        >>> weights_file_problem("/nonexistent/ckpt-00000001.weights.h5")
+        '/nonexistent/ckpt-00000001.weights.h5 is missing'
+    """
+    if not os.path.isfile(path):
+        return f"{path} is missing"
+    if sha256 is not None:
+        try:
+            actual = file_sha256(path)
+        except OSError as error:
+            return f"{path} cannot be read ({error.strerror or error})"
+        return None if actual == sha256 else f"{path} is corrupt (its checksum is not the one recorded when written)"
+    import h5py
+
+    def read(name, item):
+        if isinstance(item, h5py.Dataset):
+            item[()]
+
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(read)
+    except (OSError, KeyError, RuntimeError, ValueError) as error:
+        return f"{path} is corrupt ({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+    return None
 
 
 def save_model_weights(model, path):
@@ -220,7 +279,7 @@ def get_or_train_tokenizer(
     os.makedirs(run_dir, exist_ok=True)
     # Train under a temporary prefix and rename, so an interrupted run never
     # leaves a half-written spm.model that the next run would silently reuse.
-    with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
+    with tempfile.TemporaryDirectory(dir=run_dir, prefix=f"tmp-{os.getpid()}-spm-") as tmp:
         prefix = os.path.join(tmp, "spm")
         train_tokenizer(texts_fn(), prefix, vocab_size, **train_kwargs)
         os.replace(prefix + ".vocab", os.path.join(run_dir, "spm.vocab"))

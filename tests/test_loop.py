@@ -266,23 +266,33 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, spm500):
         np.testing.assert_array_equal(a, b)
 
 
-def test_resume_point_reads_the_backups_state_and_needs_its_weights(tmp_path):
-    """`ResumePoint.read` names what `backup/state.json` records; no weights, no resume point."""
-    from keras_transformer.training.run import ResumePoint
-
-    backup = tmp_path / "backup"
-    assert ResumePoint.read(str(backup)) is None
-    backup.mkdir()
-    state = {"step": 7, "weights": "state-00000007.weights.h5", "training_seconds": 2.5, "iterations": 7}
-    (backup / "state.json").write_text(json.dumps(state))
-    assert ResumePoint.read(str(backup)) is None  # its weights are not there
-    (backup / state["weights"]).write_bytes(b"")
-    assert ResumePoint.read(str(backup)) == ResumePoint(
-        step=7, weights=str(backup / state["weights"]), training_seconds=2.5, iterations=7
+def test_a_run_without_its_backup_resumes_from_its_newest_checkpoint_and_deletes_none(tmp_path, spm500, capsys):
+    """With `backup/` gone, the run goes on from its newest checkpoint with a new optimizer state,
+    the schedule at that step; no checkpoint is deleted (it used to start at step 0 and delete them all)."""
+    options = dict(
+        preset="tiny",
+        vocab_size=500,
+        batch_tokens=1024,
+        max_length=32,
+        validation_split=None,
+        warmup_steps=4,
+        checkpoint_every=3,
+        log_every=3,
+        verbose=0,
+        overrides=TINY_NET,
+        keep_checkpoints=10,
     )
-    del state["training_seconds"], state["iterations"]  # a backup that did not record them
-    (backup / "state.json").write_text(json.dumps(state))
-    assert ResumePoint.read(str(backup)) == ResumePoint(7, str(backup / state["weights"]), 0.0, None)
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+    training.train(training.TrainingArgs(output=str(run_dir), max_steps=6, **options))
+    shutil.rmtree(run_dir / "backup")
+    capsys.readouterr()
+    resumed = training.train(training.TrainingArgs(output=str(run_dir), max_steps=9, **options))
+    out = capsys.readouterr().out
+    assert (resumed.resumed_from, resumed.step) == (6, 9)
+    assert "ckpt-00000006.weights.h5 (step 6); the optimizer state is new" in out
+    assert [step for step, _ in training.list_checkpoints(run_dir)] == [3, 6, 9]
+    # The optimizer's step (and so the learning rate of §5.3) went on from 6.
+    assert json.loads((run_dir / "backup" / "state.json").read_text())["iterations"] == 9
 
 
 def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm500, capsys, monkeypatch):

@@ -17,7 +17,7 @@ import shutil
 
 from keras_transformer.errors import ParameterError
 from keras_transformer.run_dir import BACKUP_DIR, TOKENIZER_FILENAME, load_run, model_config_of_run
-from keras_transformer.training.run import ResumePoint, check_optimizer_loaded
+from keras_transformer.training.run import ResumeError, ResumePoint, check_optimizer_loaded
 
 # TransformerConfig fields a fine-tuning run may set differently from the run it starts from.
 ADJUSTABLE_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
@@ -70,6 +70,10 @@ def load_initial_weights(model, init_dir, resume_optimizer):
     """
     if resume_optimizer:
         point = ResumePoint.read(os.path.join(init_dir, BACKUP_DIR))
+        if point is not None and point.problem():
+            raise ResumeError(
+                f"resume_optimizer: {point.problem()}; use resume_optimizer False to take the weights only."
+            )
         if point is None:
             raise FileNotFoundError(
                 f"resume_optimizer: {init_dir} has no {BACKUP_DIR}/ to resume from (state.json and its weights)."

@@ -53,7 +53,7 @@ from keras_transformer.training import strategy as strategies
 from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
 from keras_transformer.training.curves import plot_curves
 from keras_transformer.training.options import TrainingArgs, TrainingResult
-from keras_transformer.training.run import ResumePoint, Run, check_optimizer_loaded, check_resume_config
+from keras_transformer.training.run import ResumePoint, Run, check_resume_config, load_resume_point
 from keras_transformer.training.stream import TrainingData
 from keras_transformer.training.validation_bleu import ValidationBleu, read_validation_texts
 
@@ -138,7 +138,7 @@ def _set_up(args, strategy):
     if args.precision == "auto":
         state.precision, state.precision_reason = hardware.auto_precision()
     keras.mixed_precision.set_global_policy(state.precision)
-    state.resume = run.find_backup()
+    state.resume = run.find_resume_point()
     state.start_step = state.resume.step if state.resume else 0
     run.trained_seconds = state.resume.training_seconds if state.resume else 0.0
     # Dropout's random state is not part of the backup: a resumed run draws
@@ -289,11 +289,7 @@ def _build_model(state):
             loaded = init_from.load_initial_weights(model, args.init_from, args.resume_optimizer)
         print(f"initialized from {args.init_from} ({loaded})", flush=True)
     if resume is not None:
-        with strategy.scope():
-            model.load_weights(resume.weights)
-        check_optimizer_loaded(
-            model, resume.iterations, resume.weights, "continue the run with the options it was started with"
-        )
+        load_resume_point(model, resume, strategy, args.ema)
         print(f"resumed from step {resume.step}", flush=True)
         logger.info("Resumed %s from step %d (%s)", state.run.run_dir, resume.step, resume.weights)
     state.model = model
@@ -306,12 +302,9 @@ def _fit(state, callbacks):
     budget_spent = run.out_of_time()  # before training: the earlier processes' time alone
     to_train = start < total and not budget_spent
     if to_train:
-        # Rows of the epoch about to be redone are rewritten; checkpoints past the
-        # resume point (written after the last backup) are stale.
+        # Rows of the epoch about to be redone are rewritten. Checkpoints are left alone: a run
+        # deletes only its own, older than its step, to keep the newest `keep_checkpoints`.
         run.truncate_logs(start)
-        for step, path in list_checkpoints(run.out_dir):
-            if step > start:
-                os.remove(path)
     _print_plan(state)
     monitor = run_callbacks.RunMonitor(run, start, total, validator=state.validator)
     all_callbacks = [monitor]

@@ -7,11 +7,14 @@ import dataclasses
 import glob
 import json
 import os
+import shutil
 import time
 
+from keras_transformer import compat
 from keras_transformer.errors import ParameterError
 from keras_transformer.run_dir import (
     BACKUP_DIR,
+    BACKUP_STATE_FILENAME,
     BLEU_FILENAME,
     CHECKPOINT_DIR,
     CONFIG_FILENAME,
@@ -19,17 +22,24 @@ from keras_transformer.run_dir import (
     STEPS_FILENAME,
     atomic_write_text,
     checkpoint_path,
+    file_sha256,
+    is_temporary_name,
     list_checkpoints,
     read_config,
     save_model_weights,
+    weights_file_problem,
 )
 from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES
 from keras_transformer.training.strategy import strategy_worker
 
 
+class ResumeError(ValueError):
+    """A run that cannot go on as its directory stands: the message names the file and the way out."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ResumePoint:
-    """Where a run goes on after an interruption: its `backup/state.json`.
+    """Where a run goes on after an interruption: its `backup/state.json`, or a checkpoint.
 
     Attributes:
         step: the training steps done when the backup was written.
@@ -38,35 +48,52 @@ class ResumePoint:
         iterations: the optimizer's updates at the backup, to check that a
             resume loaded its state (`check_optimizer_loaded`); None in a
             backup that did not record them.
+        sha256: the checksum of `weights` recorded when it was written (None
+            in a backup that did not record it): checked before the file is
+            trusted (`problem`).
+        optimizer_state: False for a checkpoint (model weights only), which a
+            run falls back on when its backup is missing or corrupt: Adam's
+            moments start again, the learning-rate schedule goes on from `step`.
 
     Example:
         >>> point = ResumePoint(step=30, weights="backup/state-00000030.weights.h5", training_seconds=12.5)
-        >>> point.step, point.iterations
-        (30, None)
+        >>> point.step, point.iterations, point.optimizer_state
+        (30, None, True)
     """
 
     step: int
     weights: str
     training_seconds: float = 0.0
     iterations: int | None = None
+    sha256: str | None = None
+    optimizer_state: bool = True
 
     @classmethod
     def read(cls, backup_dir):
-        """The resume point recorded in `backup_dir`, or None if it has none (or its weights are gone)."""
-        state_path = os.path.join(backup_dir, "state.json")
+        """The resume point recorded in `backup_dir`, or None if it has no `state.json`.
+
+        Raises:
+            ResumeError: `state.json` cannot be read or names no step and weights.
+        """
+        state_path = os.path.join(backup_dir, BACKUP_STATE_FILENAME)
         if not os.path.exists(state_path):
             return None
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
-        weights = os.path.join(backup_dir, state["weights"])
-        if not os.path.exists(weights):
-            return None
-        return cls(
-            step=int(state["step"]),
-            weights=weights,
-            training_seconds=float(state.get("training_seconds", 0.0)),
-            iterations=state.get("iterations"),
-        )
+        try:
+            with open(state_path, encoding="utf-8") as f:
+                state = json.load(f)
+            return cls(
+                step=int(state["step"]),
+                weights=os.path.join(backup_dir, state["weights"]),
+                training_seconds=float(state.get("training_seconds", 0.0)),
+                iterations=state.get("iterations"),
+                sha256=state.get("sha256"),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ResumeError(f"{state_path} is not a readable backup state ({type(error).__name__})") from None
+
+    def problem(self):
+        """Why the weights of this point cannot be trusted (missing, corrupt), or None."""
+        return weights_file_problem(self.weights, self.sha256)
 
 
 class Run:
@@ -88,6 +115,7 @@ class Run:
         self.train_start = None  # when this process began training
         os.makedirs(self.out_dir, exist_ok=True)
         os.makedirs(os.path.join(self.out_dir, CHECKPOINT_DIR), exist_ok=True)
+        self.remove_stale_temporaries()
 
     def training_seconds(self):
         """Training time of the run so far: earlier processes up to the backup, plus this one's."""
@@ -112,7 +140,9 @@ class Run:
         self.save_backup(model, step)
         save_model_weights(model, checkpoint_path(self.path(CHECKPOINT_DIR), step))
         keep = max(self.args.keep_checkpoints, self.args.average_last)
-        for _, old in list_checkpoints(self.out_dir)[:-keep]:
+        # Only this run's own line of checkpoints up to `step` rotates: any past it are left alone.
+        own = [path for saved, path in list_checkpoints(self.out_dir) if saved <= step]
+        for old in own[:-keep]:
             try:
                 os.remove(old)
             except FileNotFoundError:
@@ -124,17 +154,19 @@ class Run:
         name = f"state-{step:08d}.weights.h5"
         tmp = os.path.join(backup, f"tmp-{os.getpid()}-{name}")
         model.save_weights(tmp)
+        sha256 = file_sha256(tmp)  # what is on disk, checked again before a resume trusts it
         os.replace(tmp, os.path.join(backup, name))
         # The optimizer's updates, to check that a resume loaded its state (`check_optimizer_loaded`).
         iterations = int(model.optimizer.iterations.numpy())
         atomic_write_text(
-            os.path.join(backup, "state.json"),
+            os.path.join(backup, BACKUP_STATE_FILENAME),
             json.dumps(
                 {
                     "step": step,
                     "weights": name,
                     "training_seconds": round(self.training_seconds(), 3),
                     "iterations": iterations,
+                    "sha256": sha256,
                 },
                 indent=2,
             ),
@@ -146,19 +178,67 @@ class Run:
                 except FileNotFoundError:
                     pass
 
-    def find_backup(self):
-        """The `ResumePoint` of the run's backup, or None on a fresh run.
+    def find_resume_point(self):
+        """The `ResumePoint` to go on from, or None on a fresh run.
 
-        Workers prefer the chief's.
+        The backup (workers prefer the chief's) if it is intact (its checksum);
+        else the newest intact checkpoint, with a new optimizer state (said on
+        stdout). A run never starts again from step 0 over checkpoints it
+        cannot trust.
+
+        Raises:
+            ResumeError: the backup is missing or corrupt and no checkpoint is
+                intact: names the file and the way out.
         """
         candidates = [os.path.join(self.run_dir, BACKUP_DIR)]
         if not self.is_chief:
             candidates.append(self.path(BACKUP_DIR))
+        problems = []
         for backup in candidates:
-            point = ResumePoint.read(backup)
+            try:
+                point = ResumePoint.read(backup)
+            except ResumeError as error:
+                problems.append(str(error))
+                continue
             if point is not None:
-                return point
+                problem = point.problem()
+                if problem is None:
+                    return point
+                problems.append(problem)
+        for step, path in reversed(list_checkpoints(self.out_dir)):
+            problem = weights_file_problem(path)
+            if problem is None:
+                why = problems[0] if problems else f"{self.path(BACKUP_DIR)} is missing"
+                print(
+                    f"{why}: resuming from the newest intact checkpoint {path} (step {step}); the optimizer "
+                    f"state is new (Adam's moments start from zero, the learning rate goes on from step {step}).",
+                    flush=True,
+                )
+                return ResumePoint(step=step, weights=path, iterations=step, optimizer_state=False)
+            problems.append(problem)
+        if problems:
+            raise ResumeError(
+                f"{problems[0]}, and {self.out_dir} has no intact checkpoint to resume from: delete "
+                f"{self.path(BACKUP_DIR)} to train the run again from step 0, or use another output directory."
+            )
         return None
+
+    def remove_stale_temporaries(self):
+        """Removes the temporary files a killed process of this run left (the package's own names only)."""
+        for directory in (self.out_dir, self.path(BACKUP_DIR), self.path(CHECKPOINT_DIR)):
+            if not os.path.isdir(directory):
+                continue
+            for name in os.listdir(directory):
+                path = os.path.join(directory, name)
+                if not is_temporary_name(name):
+                    continue
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.remove(path)
+                    except FileNotFoundError:
+                        pass
 
     # -- logs -----------------------------------------------------------------
     def append_step_row(self, row):
@@ -176,6 +256,37 @@ class Run:
         _filter_csv(self.path(HISTORY_FILENAME), lambda row: int(row["epoch"]) < epoch)
         _filter_csv(self.path(STEPS_FILENAME), lambda row: int(row["step"]) <= step)
         _filter_csv(self.path(BLEU_FILENAME), lambda row: int(row["step"]) <= step)
+
+
+def load_resume_point(model, point, strategy, ema):
+    """Puts the state of `point` into `model` (built, its optimizer built).
+
+    A backup brings the weights and the optimizer state (checked:
+    `check_optimizer_loaded`); a checkpoint brings the weights, and the
+    optimizer's step is set to its step so that the schedule of §5.3 goes on
+    (with `ema`, the moving average starts from the loaded weights).
+
+    Raises:
+        ResumeError: the file cannot be loaded (an HDF5 error), naming it.
+    """
+    try:
+        with strategy.scope():
+            model.load_weights(point.weights)
+            if not point.optimizer_state:
+                optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+                optimizer.iterations.assign(point.step)
+                if ema:
+                    compat.swap_ema_weights(model)  # the averages take the loaded weights ...
+                    model.load_weights(point.weights)  # ... and so do the weights
+    except (OSError, ValueError, KeyError) as error:
+        raise ResumeError(
+            f"{point.weights} cannot be loaded ({str(error).splitlines()[0] if str(error) else type(error).__name__}): "
+            "delete it to resume from an older checkpoint, or use another output directory."
+        ) from None
+    if point.optimizer_state:
+        check_optimizer_loaded(
+            model, point.iterations, point.weights, "continue the run with the options it was started with"
+        )
 
 
 def check_optimizer_loaded(model, iterations, source, remedy):

@@ -1,0 +1,162 @@
+"""One training process's run directory (keras_transformer.training.run): resume points, backups, temporaries.
+
+No model is trained here: the weights files are small HDF5 files written with
+h5py, which is all `find_resume_point` reads.
+"""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from keras_transformer import run_dir as run_layout
+from keras_transformer.training.options import TrainingArgs
+from keras_transformer.training.run import ResumeError, ResumePoint, Run
+
+
+class _OneDevice:
+    """What `Run` asks of a strategy: no cluster, so the chief."""
+
+    cluster_resolver = None
+
+
+def _weights_file(path, value=0.0):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("layers/dense/vars/0", data=np.full((64, 64), value, np.float32))
+    return path
+
+
+def _backup(run_dir, step, sha256=True):
+    backup = run_dir / "backup"
+    weights = _weights_file(backup / f"state-{step:08d}.weights.h5", step)
+    state = {"step": step, "weights": weights.name, "training_seconds": 2.5, "iterations": step}
+    if sha256:
+        state["sha256"] = run_layout.file_sha256(weights)
+    (backup / "state.json").write_text(json.dumps(state))
+    return weights
+
+
+def _checkpoint(run_dir, step):
+    return _weights_file(run_dir / "checkpoints" / f"ckpt-{step:08d}.weights.h5", step)
+
+
+def _overwrite_middle(path, size=4096):
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + size] = b"\xff" * min(size, len(data) - middle)
+    path.write_bytes(bytes(data))
+
+
+def _run(run_dir):
+    return Run(TrainingArgs(output=str(run_dir)), _OneDevice())
+
+
+def test_resume_point_reads_the_backups_state_and_checks_its_weights(tmp_path):
+    """`ResumePoint.read` names what `backup/state.json` records; `problem()` says whether its weights are there."""
+    backup = tmp_path / "backup"
+    assert ResumePoint.read(str(backup)) is None
+    backup.mkdir()
+    state = {"step": 7, "weights": "state-00000007.weights.h5", "training_seconds": 2.5, "iterations": 7}
+    (backup / "state.json").write_text(json.dumps(state))
+    point = ResumePoint.read(str(backup))
+    assert point == ResumePoint(step=7, weights=str(backup / state["weights"]), training_seconds=2.5, iterations=7)
+    assert point.problem() == f"{backup / state['weights']} is missing"
+    _weights_file(backup / state["weights"])
+    assert point.problem() is None
+    del state["training_seconds"], state["iterations"]  # a backup that did not record them
+    (backup / "state.json").write_text(json.dumps(state))
+    assert ResumePoint.read(str(backup)) == ResumePoint(7, str(backup / state["weights"]), 0.0, None)
+    (backup / "state.json").write_text('{"step": 7, "wei')  # cut short
+    with pytest.raises(ResumeError, match=r"state.json is not a readable backup state"):
+        ResumePoint.read(str(backup))
+
+
+def test_an_intact_backup_is_the_resume_point(tmp_path):
+    weights = _backup(tmp_path, 6)
+    _checkpoint(tmp_path, 9)  # not the run's line (a backup is written before its checkpoint): left alone
+    point = _run(tmp_path).find_resume_point()
+    assert (point.step, point.weights, point.optimizer_state) == (6, str(weights), True)
+    assert point.sha256 == run_layout.file_sha256(weights)
+
+
+def test_a_missing_backup_resumes_from_the_newest_checkpoint_with_a_new_optimizer(tmp_path, capsys):
+    for step in (3, 6):
+        _checkpoint(tmp_path, step)
+    point = _run(tmp_path).find_resume_point()
+    assert (point.step, point.optimizer_state, point.iterations) == (6, False, 6)
+    assert point.weights == str(tmp_path / "checkpoints" / "ckpt-00000006.weights.h5")
+    out = capsys.readouterr().out
+    assert "backup is missing" in out and "the optimizer state is new" in out
+    assert [step for step, _ in run_layout.list_checkpoints(tmp_path)] == [3, 6]
+
+
+def test_a_corrupt_backup_is_caught_by_its_checksum(tmp_path, capsys):
+    """A few KB overwritten inside the backup's weights: HDF5 reads it, the checksum does not match."""
+    weights = _backup(tmp_path, 9)
+    _overwrite_middle(weights)
+    with h5py.File(weights, "r") as f:  # h5py alone would trust it
+        f["layers/dense/vars/0"][()]
+    _checkpoint(tmp_path, 6)
+    point = _run(tmp_path).find_resume_point()
+    assert (point.step, point.optimizer_state) == (6, False)
+    out = capsys.readouterr().out
+    assert f"{weights} is corrupt" in out and "the optimizer state is new" in out
+
+
+def test_corrupt_checkpoints_are_passed_over_and_with_none_intact_the_run_stops(tmp_path):
+    weights = _backup(tmp_path, 9)
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    oldest, newest = _checkpoint(tmp_path, 3), _checkpoint(tmp_path, 6)
+    newest.write_bytes(newest.read_bytes()[:1000])
+    assert _run(tmp_path).find_resume_point().step == 3
+    oldest.write_bytes(b"not HDF5")
+    with pytest.raises(ResumeError) as caught:
+        _run(tmp_path).find_resume_point()
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{weights} is corrupt")
+    assert f"delete {tmp_path / 'backup'} to train the run again from step 0" in message
+
+
+def test_a_fresh_directory_has_no_resume_point(tmp_path):
+    assert _run(tmp_path / "new").find_resume_point() is None
+
+
+def test_stale_temporaries_of_a_killed_process_are_removed_at_start(tmp_path):
+    package_temporaries = [
+        "tmp-4242-model.keras",
+        "config.json.tmp-4242",
+        "history.csv.tmp-17",
+        "backup/tmp-4242-state-00000010.weights.h5",
+        "backup/state.json.tmp-4242",
+        "checkpoints/tmp-4242-ckpt-00000010.weights.h5",
+        "tmp-4242-spm-abc123/spm.model",
+    ]
+    users = ["tmp-notes.txt", "notes.tmp", "checkpoints/tmp.h5", "backup/mine.tmp-x"]
+    for name in package_temporaries + users:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    _run(tmp_path)
+    for name in package_temporaries:
+        assert not (tmp_path / name).exists(), name
+    assert not (tmp_path / "tmp-4242-spm-abc123").exists()
+    for name in users:
+        assert (tmp_path / name).exists(), name
+
+
+def test_checkpoint_rotation_keeps_checkpoints_past_the_step(tmp_path, monkeypatch):
+    """Rotation deletes the run's own older checkpoints only, never one past its step."""
+    import pathlib
+
+    from keras_transformer.training import run as run_module
+
+    run = _run(tmp_path)
+    run.args.keep_checkpoints = 2
+    for step in (1, 2, 3, 50):
+        _checkpoint(tmp_path, step)
+    monkeypatch.setattr(run, "save_backup", lambda model, step: None)
+    monkeypatch.setattr(run_module, "save_model_weights", lambda model, path: _weights_file(pathlib.Path(path)))
+    run.save_checkpoint(model=None, step=4)
+    assert [step for step, _ in run_layout.list_checkpoints(tmp_path)] == [3, 4, 50]
