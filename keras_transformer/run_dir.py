@@ -9,13 +9,15 @@ checkpoints/     ckpt-00001000.weights.h5 ...: model weights every
                  --checkpoint-every steps (the last --keep-checkpoints kept,
                  at least --average-last)
 backup/          full training state (model + optimizer) of the last
-                 checkpoint, for resuming; written atomically
+                 checkpoint, for resuming; written atomically, its
+                 checksum in backup/state.json
 logs/            TensorBoard (train/ and validation/)
 history.csv      one row per epoch (keras.callbacks.CSVLogger)
 steps.csv        loss, accuracy, learning rate and tokens/s every --log-every steps
 bleu.csv         validation BLEU every --validate-bleu-every steps (with it)
 curves.png       training and validation loss/accuracy (written at the end)
 model.keras      the final model (averaged if --average-last > 1), float32
+.lock            held by the training process (its pid inside) for its life
 ```
 
 This module is shared by `keras_transformer.training` (which writes it) and

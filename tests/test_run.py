@@ -5,6 +5,7 @@ h5py, which is all `find_resume_point` reads.
 """
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -53,6 +54,14 @@ def _run(run_dir):
     return Run(TrainingArgs(output=str(run_dir)), _OneDevice())
 
 
+def _resume_point(run_dir):
+    run = _run(run_dir)
+    try:
+        return run.find_resume_point()
+    finally:
+        run.close()
+
+
 def test_resume_point_reads_the_backups_state_and_checks_its_weights(tmp_path):
     """`ResumePoint.read` names what `backup/state.json` records; `problem()` says whether its weights are there."""
     backup = tmp_path / "backup"
@@ -76,7 +85,7 @@ def test_resume_point_reads_the_backups_state_and_checks_its_weights(tmp_path):
 def test_an_intact_backup_is_the_resume_point(tmp_path):
     weights = _backup(tmp_path, 6)
     _checkpoint(tmp_path, 9)  # not the run's line (a backup is written before its checkpoint): left alone
-    point = _run(tmp_path).find_resume_point()
+    point = _resume_point(tmp_path)
     assert (point.step, point.weights, point.optimizer_state) == (6, str(weights), True)
     assert point.sha256 == run_layout.file_sha256(weights)
 
@@ -84,7 +93,7 @@ def test_an_intact_backup_is_the_resume_point(tmp_path):
 def test_a_missing_backup_resumes_from_the_newest_checkpoint_with_a_new_optimizer(tmp_path, capsys):
     for step in (3, 6):
         _checkpoint(tmp_path, step)
-    point = _run(tmp_path).find_resume_point()
+    point = _resume_point(tmp_path)
     assert (point.step, point.optimizer_state, point.iterations) == (6, False, 6)
     assert point.weights == str(tmp_path / "checkpoints" / "ckpt-00000006.weights.h5")
     out = capsys.readouterr().out
@@ -99,7 +108,7 @@ def test_a_corrupt_backup_is_caught_by_its_checksum(tmp_path, capsys):
     with h5py.File(weights, "r") as f:  # h5py alone would trust it
         f["layers/dense/vars/0"][()]
     _checkpoint(tmp_path, 6)
-    point = _run(tmp_path).find_resume_point()
+    point = _resume_point(tmp_path)
     assert (point.step, point.optimizer_state) == (6, False)
     out = capsys.readouterr().out
     assert f"{weights} is corrupt" in out and "the optimizer state is new" in out
@@ -110,10 +119,10 @@ def test_corrupt_checkpoints_are_passed_over_and_with_none_intact_the_run_stops(
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated
     oldest, newest = _checkpoint(tmp_path, 3), _checkpoint(tmp_path, 6)
     newest.write_bytes(newest.read_bytes()[:1000])
-    assert _run(tmp_path).find_resume_point().step == 3
+    assert _resume_point(tmp_path).step == 3
     oldest.write_bytes(b"not HDF5")
     with pytest.raises(ResumeError) as caught:
-        _run(tmp_path).find_resume_point()
+        _resume_point(tmp_path)
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith(f"{weights} is corrupt")
@@ -121,7 +130,7 @@ def test_corrupt_checkpoints_are_passed_over_and_with_none_intact_the_run_stops(
 
 
 def test_a_fresh_directory_has_no_resume_point(tmp_path):
-    assert _run(tmp_path / "new").find_resume_point() is None
+    assert _resume_point(tmp_path / "new") is None
 
 
 def test_stale_temporaries_of_a_killed_process_are_removed_at_start(tmp_path):
@@ -138,7 +147,7 @@ def test_stale_temporaries_of_a_killed_process_are_removed_at_start(tmp_path):
     for name in package_temporaries + users:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
-    _run(tmp_path)
+    _run(tmp_path).close()
     for name in package_temporaries:
         assert not (tmp_path / name).exists(), name
     assert not (tmp_path / "tmp-4242-spm-abc123").exists()
@@ -160,3 +169,38 @@ def test_checkpoint_rotation_keeps_checkpoints_past_the_step(tmp_path, monkeypat
     monkeypatch.setattr(run_module, "save_model_weights", lambda model, path: _weights_file(pathlib.Path(path)))
     run.save_checkpoint(model=None, step=4)
     assert [step for step, _ in run_layout.list_checkpoints(tmp_path)] == [3, 4, 50]
+
+
+def test_a_second_process_on_the_same_run_directory_is_refused_with_the_holders_pid(tmp_path):
+    """A subprocess holds the lock: this process is refused at once, and takes it once the holder is gone."""
+    import subprocess
+    import sys
+
+    from keras_transformer.training.lock import RunInUseError
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from keras_transformer.training.lock import RunLock; "
+            f"RunLock({str(tmp_path)!r}).acquire(); print('locked', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunInUseError) as caught:
+            _run(tmp_path)
+        message = str(caught.value)
+        assert f"{tmp_path} is in use by another training process (pid {holder.pid})" in message
+        assert "\n" not in message
+        assert not (tmp_path / "checkpoints").exists()  # refused before writing anything
+    finally:
+        holder.kill()  # SIGKILL: the kernel releases the lock
+        holder.wait()
+    run = _run(tmp_path)
+    assert (tmp_path / ".lock").read_text().strip() == str(os.getpid())
+    run.close()
+    _run(tmp_path).close()  # released: taken again

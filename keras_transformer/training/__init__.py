@@ -22,6 +22,7 @@ Modules:
 - `strategy`: the distribution strategy, chief and workers (the precision: `keras_transformer.hardware`).
 - `stream`: the training batches as a deterministic, resumable stream.
 - `run`: one process's run directory, checkpoints, backup and logs.
+- `lock`: one training process per run directory.
 - `callbacks`: progress, checkpoints, time budget, CSV and TensorBoard logs.
 - `averaging`: checkpoint averaging (§6.1).
 - `curves`: `curves.png`.

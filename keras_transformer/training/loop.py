@@ -1,7 +1,8 @@
 """`train()`: the paper's training (Vaswani et al., 2017, §5) with `model.fit`, in named phases.
 
-1. `_set_up`: strategy, dtype policy, run directory, resume point (and
-   with `--init-from`, the other run's configuration and vocabulary).
+1. `_set_up`: strategy, dtype policy, run directory (locked for the run's
+   life: `training.lock`), resume point (and with `--init-from`, the other
+   run's configuration and vocabulary).
 2. `_prepare_data`: vocabulary (`spm.model`, reused if present), the training
    stream and its epoch length, the validation batches.
 3. `_record_options`: `config.json` on a fresh run; a resume appends what it
@@ -112,20 +113,21 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
     strategies.check_time_budget(args, strategy)
     strategies.check_batch_multiple(args.batch_multiple, strategy.num_replicas_in_sync)
     previous_policy = keras.mixed_precision.global_policy()
+    run = Run(args, strategy)  # takes the run directory's lock, or refuses
     try:
-        state = _set_up(args, strategy)
+        state = _set_up(args, strategy, run)
         _prepare_data(state)
         _record_options(state)
         _build_model(state)
         monitor = _fit(state, callbacks)
         return _finish(state, monitor)
     finally:
+        run.close()
         keras.mixed_precision.set_global_policy(previous_policy)
 
 
-def _set_up(args, strategy):
-    """Run directory, dtype policy, resume point and seeds."""
-    run = Run(args, strategy)
+def _set_up(args, strategy, run):
+    """Configuration, dtype policy, resume point and seeds."""
     if args.init_from:
         model_config = init_from.model_config_from(args.init_from, args.model_config_overrides())
         if run.is_chief:

@@ -29,6 +29,7 @@ from keras_transformer.run_dir import (
     save_model_weights,
     weights_file_problem,
 )
+from keras_transformer.training.lock import RunLock
 from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES
 from keras_transformer.training.strategy import strategy_worker
 
@@ -114,8 +115,14 @@ class Run:
         self.trained_seconds = 0.0  # training time of the run's earlier processes (from the backup)
         self.train_start = None  # when this process began training
         os.makedirs(self.out_dir, exist_ok=True)
+        # One process per directory, from before anything is written in it until `close()`.
+        self.lock = RunLock(self.out_dir).acquire()
         os.makedirs(os.path.join(self.out_dir, CHECKPOINT_DIR), exist_ok=True)
         self.remove_stale_temporaries()
+
+    def close(self):
+        """Releases the run directory's lock (the end of the process would too)."""
+        self.lock.release()
 
     def training_seconds(self):
         """Training time of the run so far: earlier processes up to the backup, plus this one's."""
