@@ -266,6 +266,54 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, spm500):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_signal_stops_training_with_a_checkpoint_that_resumes_exactly(tmp_path, spm500, signal_name):
+    """SIGTERM or SIGINT at step 5 (sent by the run to itself: the test hook, not a timing race) ends
+    the process after writing a checkpoint and backup at step 5, between the checkpoints of every 3
+    steps; the same run started again goes on to step 8 with exactly the weights of a run never stopped."""
+    from keras_transformer.training import callbacks as run_callbacks
+
+    options = dict(
+        preset="tiny",
+        vocab_size=500,
+        batch_tokens=1024,
+        max_length=32,
+        validation_split=None,
+        warmup_steps=4,
+        checkpoint_every=3,
+        log_every=3,
+        verbose=0,
+        overrides=TINY_NET,
+        max_steps=8,
+    )
+    whole = training.train(training.TrainingArgs(output=str(new_run_dir(tmp_path / "whole", spm500)), **options))
+    stopped_dir = new_run_dir(tmp_path / "stopped", spm500)
+    script = (
+        "import json, sys\n"
+        "from keras_transformer import training\n"
+        "training.train(training.TrainingArgs(**json.loads(sys.argv[1])))\n"
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env[run_callbacks.SIGNAL_AT_STEP_ENVIRONMENT] = f"5:{signal_name}"
+    stopped = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(dict(options, output=str(stopped_dir)))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "TrainingInterrupted: " + signal_name + " at step 5" in stopped.stderr
+    assert f"{signal_name}: stopped at step 5 with a checkpoint" in stopped.stdout
+    assert json.loads((stopped_dir / "backup" / "state.json").read_text())["step"] == 5
+    assert [step for step, _ in training.list_checkpoints(stopped_dir)] == [3, 5]
+    assert not (stopped_dir / "model.keras").exists()
+    resumed = training.train(training.TrainingArgs(output=str(stopped_dir), **options))
+    assert (resumed.resumed_from, resumed.step) == (5, 8)
+    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_run_without_its_backup_resumes_from_its_newest_checkpoint_and_deletes_none(tmp_path, spm500, capsys):
     """With `backup/` gone, the run goes on from its newest checkpoint with a new optimizer state,
     the schedule at that step; no checkpoint is deleted (it used to start at step 0 and delete them all)."""

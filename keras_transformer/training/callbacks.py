@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import signal
+import threading
 import time
 
 import keras
@@ -11,6 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer import compat
+from keras_transformer.run_dir import HISTORY_FILENAME, LOG_DIR
 from keras_transformer.special_ids import PAD_ID
 
 
@@ -81,6 +85,78 @@ class LinearCooldown(keras.callbacks.Callback):
         compat.learning_rate_schedule(optimizer).factor.assign(factor)
 
 
+# A test hook: "STEP" or "STEP:SIGNAL" (e.g. "5:SIGTERM", default SIGTERM) makes the run send that
+# signal to its own process at the end of step STEP, to test the stop on a signal at a known step.
+SIGNAL_AT_STEP_ENVIRONMENT = "KERAS_TRANSFORMER_TEST_SIGNAL_AT_STEP"
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on SIGINT or SIGTERM, after writing a checkpoint and the backup at its last step.
+
+    A `KeyboardInterrupt`, as Ctrl-C would raise, so that callers stop as
+    they do on Ctrl-C; `signal` is the signal's number, `step` the step saved.
+    """
+
+    def __init__(self, signum, step):
+        super().__init__(f"{signal.Signals(signum).name} at step {step}")
+        self.signal = signum
+        self.step = step
+
+
+class StopOnSignal:
+    """Context manager: SIGINT and SIGTERM end training at the end of the current step.
+
+    While active (in the main thread only: Python runs signal handlers
+    there), the first SIGINT or SIGTERM is only recorded in `received`;
+    `RunMonitor` sees it at the end of the step being computed, writes a
+    checkpoint and stops. A second signal is not deferred: SIGINT raises
+    `KeyboardInterrupt`, SIGTERM gets the handler that was there before
+    (by default, the end of the process).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.received is None:
+            self.received = signum
+            return
+        self.__exit__()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signum)
+
+
+def signal_at_step_from_environment():
+    """`(step, signal number)` of the `SIGNAL_AT_STEP_ENVIRONMENT` test hook, or None.
+
+    Example:
+        >>> os.environ[SIGNAL_AT_STEP_ENVIRONMENT] = "5:SIGINT"
+        >>> signal_at_step_from_environment() == (5, signal.SIGINT)
+        True
+        >>> del os.environ[SIGNAL_AT_STEP_ENVIRONMENT]
+    """
+    value = os.environ.get(SIGNAL_AT_STEP_ENVIRONMENT, "").strip()
+    if not value:
+        return None
+    step, _, name = value.partition(":")
+    return int(step), signal.Signals[name or "SIGTERM"]
+
+
 class RunMonitor(keras.callbacks.Callback):
     """Step counting, checkpoints, the stop at the last step, and what the run shows.
 
@@ -97,15 +173,21 @@ class RunMonitor(keras.callbacks.Callback):
       (and `epoch_end_backup()` the backup at each epoch end).
     - Stops training at `total_steps`, or once the run's training time
       reaches `--time-budget`, with a checkpoint at that step.
+    - With `signals` (a `StopOnSignal`), stops at the end of the step
+      during which SIGINT or SIGTERM came, with a checkpoint at that step
+      (`interrupted`), so that the run resumes from there.
     - With a `validator` (`training.validation_bleu.ValidationBleu`),
       translates the validation set when it is due, puts the latest BLEU
       into the epoch logs as `val_bleu`, and stops (with a checkpoint) when
       its early stopping says so.
     """
 
-    def __init__(self, run, start_step, total_steps, validator=None):
+    def __init__(self, run, start_step, total_steps, validator=None, signals=None, signal_at_step=None):
         super().__init__()
         self.run = run
+        self.signals = signals
+        self.signal_at_step = signal_at_step  # the test hook's (step, signal), or None
+        self.interrupted = None  # the signal training stopped on
         self.validator = validator
         self.early_stopped = False
         self.step = start_step
@@ -172,6 +254,11 @@ class RunMonitor(keras.callbacks.Callback):
             self._exclude_from_speed(time.perf_counter() - started)
         if self.run.is_chief and (self._crossed(previous, args.log_every) or last):
             self._log_step(loss, float(logs.get("accuracy", float("nan"))), sequences, tokens, lr)
+        if self.signal_at_step is not None and previous < self.signal_at_step[0] <= self.step:
+            os.kill(os.getpid(), self.signal_at_step[1])
+        if self.signals is not None and self.signals.received is not None and not last:
+            self.interrupted = self.signals.received
+            last = True
         if not self.stopped_on_nan and (self._crossed(previous, args.checkpoint_every) or last):
             self.run.save_checkpoint(self.model, self.step)
             self.last_backup = self.step
@@ -293,6 +380,33 @@ class KeepTrainingWeights(keras.callbacks.Callback):
         """Puts the training weights of the last epoch end back into the model."""
         for variable, value in zip(self.model.trainable_variables, self.weights):
             variable.assign(value)
+
+
+def fit_callbacks(run, monitor, with_validation, with_bleu, extra=()):
+    """The callbacks of the run's `fit` calls, in order, and the `KeepTrainingWeights` of `--ema`.
+
+    The monitor first (it sets the step the others read), the extra callbacks
+    before the last one, `EpochEndBackup`, which writes the resume point after
+    the epoch's `history.csv` row.
+    """
+    args = run.args
+    callbacks = [monitor]
+    if args.cooldown:
+        callbacks.append(LinearCooldown(run, monitor, monitor.total_steps, args.cooldown))
+    callbacks += [
+        keras.callbacks.TerminateOnNaN(),
+        FixedColumnsCSVLogger(run.path(HISTORY_FILENAME), with_validation, with_bleu=with_bleu),
+    ]
+    if tensorboard_available():
+        callbacks.append(GlobalStepTensorBoard(run.path(LOG_DIR), args.log_every, monitor))
+    else:
+        print("TensorBoard is not installed (pip install tensorboard): no logs/ for this run.", flush=True)
+    keeper = KeepTrainingWeights()
+    if args.ema:
+        # Validation with the averaged weights; each fit() ends by writing them into the
+        # model, so the training weights are put back before the next call (not after the last).
+        callbacks += [ValidateWithEMA(), keeper]
+    return callbacks + list(extra) + [EpochEndBackup(monitor)], keeper
 
 
 def tensorboard_available():

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import signal
 import warnings
 from collections.abc import Sequence
 
@@ -299,7 +300,7 @@ def _build_model(state):
 
 def _fit(state, callbacks):
     """`model.fit` in the calls of `_fit_plan`; returns the monitor."""
-    args, run, model = state.args, state.run, state.model
+    args, run = state.args, state.run
     start, total = state.start_step, state.total_steps
     budget_spent = run.out_of_time()  # before training: the earlier processes' time alone
     to_train = start < total and not budget_spent
@@ -308,26 +309,18 @@ def _fit(state, callbacks):
         # deletes only its own, older than its step, to keep the newest `keep_checkpoints`.
         run.truncate_logs(start)
     _print_plan(state)
-    monitor = run_callbacks.RunMonitor(run, start, total, validator=state.validator)
-    all_callbacks = [monitor]
-    if args.cooldown:
-        all_callbacks.append(run_callbacks.LinearCooldown(run, monitor, total, args.cooldown))
-    all_callbacks += [
-        keras.callbacks.TerminateOnNaN(),
-        run_callbacks.FixedColumnsCSVLogger(
-            run.path(HISTORY_FILENAME), state.validation is not None, with_bleu=state.validator is not None
-        ),
-    ]
-    if run_callbacks.tensorboard_available():
-        all_callbacks.append(run_callbacks.GlobalStepTensorBoard(run.path(LOG_DIR), args.log_every, monitor))
-    else:
-        print("TensorBoard is not installed (pip install tensorboard): no logs/ for this run.", flush=True)
-    keeper = run_callbacks.KeepTrainingWeights()
-    if args.ema:
-        # Validation with the averaged weights; each fit() ends by writing them into the
-        # model, so the training weights are put back before the next call (not after the last).
-        all_callbacks += [run_callbacks.ValidateWithEMA(), keeper]
-    all_callbacks += list(callbacks) + [run_callbacks.EpochEndBackup(monitor)]
+    signals = run_callbacks.StopOnSignal()
+    monitor = run_callbacks.RunMonitor(
+        run,
+        start,
+        total,
+        validator=state.validator,
+        signals=signals,
+        signal_at_step=run_callbacks.signal_at_step_from_environment(),
+    )
+    all_callbacks, keeper = run_callbacks.fit_callbacks(
+        run, monitor, state.validation is not None, state.validator is not None, callbacks
+    )
     if not to_train:
         reason = (
             f"Run already used its time budget of {args.time_budget:g} min (step {start})"
@@ -336,6 +329,34 @@ def _fit(state, callbacks):
         )
         print(f"{reason}; nothing to train.", flush=True)
         return monitor
+    with signals:
+        _fit_calls(state, monitor, all_callbacks, keeper)
+    if monitor.interrupted is not None:
+        name = signal.Signals(monitor.interrupted).name
+        print(
+            f"{name}: stopped at step {monitor.step} with a checkpoint; run the same command again to go on "
+            "from there.",
+            flush=True,
+        )
+        raise run_callbacks.TrainingInterrupted(monitor.interrupted, monitor.step)
+    if monitor.out_of_time and monitor.step < total:
+        print(
+            f"Time budget of {args.time_budget:g} min reached at step {monitor.step} "
+            f"({run.training_seconds() / 60:.1f} min of training).",
+            flush=True,
+        )
+    if monitor.stopped_on_nan:
+        print(
+            f"Training stopped at step {monitor.step}: the loss is NaN (TerminateOnNaN); no model.keras "
+            "written. Try a lower --lr-scale or float32.",
+            flush=True,
+        )
+    return monitor
+
+
+def _fit_calls(state, monitor, all_callbacks, keeper):
+    """The `model.fit` calls of `_fit_plan`, until the last step or a stop."""
+    args, model, start, total = state.args, state.model, state.start_step, state.total_steps
     for initial_epoch, epochs, per_epoch in _fit_plan(start, total, state.steps_per_epoch, args.steps_per_execution):
         # With --steps-per-execution > 1, Keras runs whole executions of N steps, also past the
         # end of an epoch (or of the run): the data of each one-epoch call ends with the epoch,
@@ -355,23 +376,11 @@ def _fit(state, callbacks):
                 callbacks=all_callbacks,
                 verbose=args.verbose,
             )
-        if monitor.stopped_on_nan or monitor.out_of_time or monitor.early_stopped or monitor.step >= total:
+        stopped = monitor.stopped_on_nan or monitor.out_of_time or monitor.early_stopped
+        if stopped or monitor.interrupted is not None or monitor.step >= total:
             break
         if args.ema:
             keeper.restore()
-    if monitor.out_of_time and monitor.step < total:
-        print(
-            f"Time budget of {args.time_budget:g} min reached at step {monitor.step} "
-            f"({run.training_seconds() / 60:.1f} min of training).",
-            flush=True,
-        )
-    if monitor.stopped_on_nan:
-        print(
-            f"Training stopped at step {monitor.step}: the loss is NaN (TerminateOnNaN); no model.keras "
-            "written. Try a lower --lr-scale or float32.",
-            flush=True,
-        )
-    return monitor
 
 
 def _print_plan(state):
