@@ -404,6 +404,41 @@ def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm
     assert state["training_seconds"] == pytest.approx(20.0)
 
 
+def test_checkpoints_every_checkpoint_minutes_whatever_the_step_count(tmp_path, spm500, monkeypatch):
+    """With checkpoints every 1000 steps, a minute per step and `checkpoint_minutes` 2.5, a resume
+    point is written every third step (and at the last): a slow run loses at most those minutes.
+    `Run.clock` advances a minute at the start of every step, so the steps are counted exactly."""
+    import keras
+
+    from keras_transformer.training.run import Run
+
+    assert training.TrainingArgs().checkpoint_minutes == 10  # the paper's 10-minute checkpoints (§6.1)
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(Run, "clock", staticmethod(lambda: clock["now"]))
+
+    class Paced(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            clock["now"] += 60.0
+
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+    options = dict(
+        preset="tiny",
+        vocab_size=500,
+        batch_tokens=1024,
+        max_length=32,
+        validation_split=None,
+        warmup_steps=4,
+        checkpoint_every=1000,
+        checkpoint_minutes=2.5,
+        log_every=1000,
+        verbose=0,
+        overrides=TINY_NET,
+        max_steps=7,
+    )
+    training.train(training.TrainingArgs(output=str(run_dir), **options), callbacks=[Paced()])
+    assert [step for step, _ in training.list_checkpoints(run_dir)] == [3, 6, 7]
+
+
 def test_bad_time_budget_and_precision_are_refused():
     import tensorflow as tf
 

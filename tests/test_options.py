@@ -172,6 +172,8 @@ def lr_scale_args(scale):
         (dict(average_fraction=0.5), "average_fraction"),
         (dict(cooldown=2.0), "cooldown"),
         (dict(lr_scale=0.0), "lr_scale"),
+        (dict(checkpoint_minutes=0), "checkpoint_minutes"),
+        (dict(checkpoint_minutes="10"), "checkpoint_minutes"),
     ],
 )
 def test_training_args_errors_name_the_field_not_a_flag(options, parameter):

@@ -169,8 +169,9 @@ class RunMonitor(keras.callbacks.Callback):
       the loss weighted by sequences and the accuracy by tokens, which the
       `sequences` and `tokens` metrics give, so differences of the running
       sums are exact window means).
-    - Every `checkpoint_every` steps writes a checkpoint and the backup
-      (and `epoch_end_backup()` the backup at each epoch end).
+    - Every `checkpoint_every` steps, and once `checkpoint_minutes` have
+      passed since the last checkpoint (`Run.clock`), writes a checkpoint
+      and the backup (and `EpochEndBackup` the backup at each epoch end).
     - Stops training at `total_steps`, or once the run's training time
       reaches `--time-budget`, with a checkpoint at that step.
     - With `signals` (a `StopOnSignal`), stops at the end of the step
@@ -188,6 +189,7 @@ class RunMonitor(keras.callbacks.Callback):
         self.signals = signals
         self.signal_at_step = signal_at_step  # the test hook's (step, signal), or None
         self.interrupted = None  # the signal training stopped on
+        self._last_checkpoint_time = None  # `Run.clock` at the last checkpoint (or the start)
         self.validator = validator
         self.early_stopped = False
         self.step = start_step
@@ -203,6 +205,12 @@ class RunMonitor(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self.run.train_start is None:
             self.run.train_start = self.run.clock()
+        if self._last_checkpoint_time is None:
+            self._last_checkpoint_time = self.run.clock()
+
+    def _checkpoint_due_by_time(self):
+        minutes = self.run.args.checkpoint_minutes
+        return minutes is not None and self.run.clock() - self._last_checkpoint_time >= 60.0 * minutes
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start_step = self.step
@@ -259,9 +267,11 @@ class RunMonitor(keras.callbacks.Callback):
         if self.signals is not None and self.signals.received is not None and not last:
             self.interrupted = self.signals.received
             last = True
-        if not self.stopped_on_nan and (self._crossed(previous, args.checkpoint_every) or last):
+        due = self._crossed(previous, args.checkpoint_every) or self._checkpoint_due_by_time()
+        if not self.stopped_on_nan and (due or last):
             self.run.save_checkpoint(self.model, self.step)
             self.last_backup = self.step
+            self._last_checkpoint_time = self.run.clock()
         if last:
             self.model.stop_training = True
 
