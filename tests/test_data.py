@@ -200,6 +200,35 @@ def test_parallel_text_no_final_newline_and_empty_files(tmp_path):
 # ---------------------------------------------------------------------------
 # load_dataset / load_tfds
 # ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_check_text_file_counts_lines_as_read_text_lines_and_hashes_the_bytes(tmp_path, gzipped):
+    import hashlib
+
+    text = "\ufeffZwei M\u00e4nner.\r\n\nA dog\u2028with a separator\nno final newline".encode()
+    path = tmp_path / "a.de"
+    path.write_bytes(gzip.compress(text) if gzipped else text)
+    described = data.check_text_file(path)
+    assert described["lines"] == len(data.read_text_lines(path)) == 4
+    assert described["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert described["path"] == str(path)
+
+
+def test_check_text_file_names_what_it_cannot_read(tmp_path):
+    (tmp_path / "empty.en").write_bytes(b"")
+    (tmp_path / "bad.en").write_bytes(b"fine\n" * 300_000 + b"caf\xe9\nmore\n")  # past the first block
+    (tmp_path / "cut.en").write_bytes("ok\nMänner".encode()[:-5])  # ends inside a character
+    (tmp_path / "dir.en").mkdir()
+    for name, problem in (
+        ("missing.en", "missing.en: no such file"),
+        ("dir.en", "dir.en is a directory, not a file"),
+        ("empty.en", "empty.en is empty"),
+        ("bad.en", "bad.en: line 300001: invalid UTF-8"),
+        ("cut.en", "cut.en: line 2: invalid UTF-8"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            data.check_text_file(tmp_path / name)
+
+
 def test_load_dataset_specs(tmp_path):
     first_val = MULTI30K_EXPECTED["val"][1]
     assert _pairs(data.load_dataset("multi30k", "val", "en", "de").take(1)) == [first_val]

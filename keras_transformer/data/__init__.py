@@ -27,6 +27,7 @@ Example:
 """
 
 from keras_transformer.data.batching import (
+    MAX_BYTES_PER_TOKEN,
     MAX_DEFAULT_POOL_SIZE,
     bucket_batch_sizes,
     checked_bucket_boundaries,
@@ -34,12 +35,20 @@ from keras_transformer.data.batching import (
     make_batches,
     token_budget_stats,
     whole_batches,
+    within_byte_limit,
 )
 from keras_transformer.data.spec import DataSpec, load_dataset
-from keras_transformer.data.text import ParallelTextStats, load_parallel_text, normalize_line, read_text_lines
+from keras_transformer.data.text import (
+    ParallelTextStats,
+    check_text_file,
+    load_parallel_text,
+    normalize_line,
+    read_text_lines,
+)
 from keras_transformer.data.tfds import load_tfds
 
 __all__ = [
+    "MAX_BYTES_PER_TOKEN",
     "MAX_DEFAULT_POOL_SIZE",
     "DataSpec",
     "ParallelTextStats",
@@ -48,10 +57,12 @@ __all__ = [
     "default_bucket_boundaries",
     "load_dataset",
     "load_parallel_text",
+    "check_text_file",
     "load_tfds",
     "make_batches",
     "normalize_line",
     "read_text_lines",
     "token_budget_stats",
     "whole_batches",
+    "within_byte_limit",
 ]

@@ -37,6 +37,27 @@ logger = logging.getLogger(__name__)
 # make_batches puts a dataset of known size up to this many pairs into one pool.
 MAX_DEFAULT_POOL_SIZE = 1_000_000
 
+# The most bytes one token covers: a SentencePiece piece has at most 16 characters (its
+# `max_sentencepiece_length`) of at most 4 UTF-8 bytes each. A side of more than
+# `MAX_BYTES_PER_TOKEN * max_length` bytes has more than `max_length` tokens.
+MAX_BYTES_PER_TOKEN = 64
+
+
+def within_byte_limit(sources: tf.Tensor, targets: tf.Tensor, max_length: int) -> tf.Tensor:
+    """Which pairs (rank-1 `tf.string`) may fit in `max_length` tokens: neither side over
+    `MAX_BYTES_PER_TOKEN * max_length` bytes.
+
+    The pairs it rejects would be dropped after tokenization anyway; dropped
+    before it, one over-long line (a stray megabyte) costs no tokenization and
+    no ragged tensors, whose memory grows with the line's length.
+
+    Example:
+        >>> within_byte_limit(tf.constant(["a b", "x" * 200]), tf.constant(["c", "d"]), max_length=3).numpy()
+        array([ True, False])
+    """
+    limit = MAX_BYTES_PER_TOKEN * max_length
+    return tf.logical_and(tf.strings.length(sources) <= limit, tf.strings.length(targets) <= limit)
+
 
 def default_bucket_boundaries(
     max_length: int, min_length: int = 8, growth: float = 1.1, multiple: int = 8
@@ -173,8 +194,9 @@ def make_batches(
     `num_replicas=8`.
 
     Pipeline: shuffle sentence pairs (seeded, reshuffled each epoch) -> repeat
-    (optional) -> tokenize in chunks of 1024 with parallel maps -> add EOS/BOS
-    -> drop or truncate over-long pairs -> gather *pools* of `pool_size`
+    (optional) -> drop pairs too long in bytes to fit (`within_byte_limit`;
+    not with `truncate`) -> tokenize in chunks of 1024 with parallel maps ->
+    add EOS/BOS -> drop or truncate over-long pairs -> gather *pools* of `pool_size`
     pairs and, per pool, sort them into buckets and cut each bucket into
     batches (vectorized, like fairseq/tensor2tensor's sort-then-batch; far
     cheaper than per-sentence `group_by_window`) -> pad each batch to its
@@ -290,6 +312,9 @@ def _chunk_tokenizer(tokenizer, max_length, truncate, sampling_alpha):
     )
 
     def tokenize_chunk(sources, targets):
+        if not truncate:  # pairs too long in bytes are dropped before they cost memory
+            fits_bytes = within_byte_limit(sources, targets, max_length)
+            sources, targets = tf.boolean_mask(sources, fits_bytes), tf.boolean_mask(targets, fits_bytes)
         # One SentencePiece call per chunk is much faster than one per sentence.
         src, tgt = tokenize(sources), tokenize(targets)
         if truncate:

@@ -69,6 +69,64 @@ def decode_text_lines(data: bytes, name: str) -> list[str]:
     return [normalize_line(line) for line in lines]
 
 
+def check_text_file(path: str | os.PathLike) -> dict:
+    """Reads a text file once, as `read_text_lines` would, and describes it; refuses what it could not read.
+
+    Streams the file (plain or gzip) in blocks: its memory does not grow with
+    its size. The line count is `len(read_text_lines(path))`.
+
+    Returns:
+        `{"path": path, "lines": number of lines, "sha256": of the file's bytes}`.
+
+    Raises:
+        ValueError: the file is missing, a directory, unreadable, empty, or
+            not valid UTF-8 (the message names the file, and the line).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile("wb", suffix=".en") as f:
+        ...     _ = f.write("Zwei Männer.\\nA dog\\n\\nno final newline".encode())
+        ...     f.flush()
+        ...     check_text_file(f.name)["lines"]
+        4
+    """
+    import codecs
+    import hashlib
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a file")
+    digest = hashlib.sha256()
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    lines, last, size = 0, b"\n", 0
+    try:
+        with open(path, "rb") as raw:
+            for block in iter(lambda: raw.read(1 << 20), b""):
+                digest.update(block)
+            raw.seek(0)
+            gzipped = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            stream = gzip.GzipFile(fileobj=raw) if gzipped else raw
+            while block := stream.read(1 << 20):
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as err:
+                    line = lines + block.count(b"\n", 0, err.start) + 1
+                    raise ValueError(f"{path}: line {line}: invalid UTF-8 ({err.reason})") from None
+                lines += block.count(b"\n")
+                last, size = block[-1:], size + len(block)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError as err:  # a character cut at the end of the file
+        raise ValueError(f"{path}: line {lines + 1}: invalid UTF-8 ({err.reason})") from None
+    except (OSError, EOFError) as error:  # unreadable, a broken gzip stream
+        raise ValueError(f"{path} cannot be read ({getattr(error, 'strerror', None) or error})") from None
+    if size == 0:
+        raise ValueError(f"{path} is empty")
+    return {"path": path, "lines": lines + (last != b"\n"), "sha256": digest.hexdigest()}
+
+
 @dataclasses.dataclass(frozen=True)
 class ParallelTextStats:
     """What `load_parallel_text` read.

@@ -52,8 +52,11 @@ def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_repl
     counts = np.zeros(len(boundaries), np.int64)
     chunk = 8192
     for start in range(0, int(src.shape[0]), chunk):
-        s_len = tokenizer.tokenize(src[start : start + chunk]).row_lengths().numpy() + 1
-        t_len = tokenizer.tokenize(tgt[start : start + chunk]).row_lengths().numpy() + 1
+        src_chunk, tgt_chunk = src[start : start + chunk], tgt[start : start + chunk]
+        fits_bytes = data.within_byte_limit(src_chunk, tgt_chunk, max_length)  # as make_batches: not tokenized
+        src_chunk, tgt_chunk = tf.boolean_mask(src_chunk, fits_bytes), tf.boolean_mask(tgt_chunk, fits_bytes)
+        s_len = tokenizer.tokenize(src_chunk).row_lengths().numpy() + 1
+        t_len = tokenizer.tokenize(tgt_chunk).row_lengths().numpy() + 1
         fits = (s_len <= max_length) & (t_len <= max_length)
         length = np.maximum(s_len, t_len)[fits]
         bucket = np.searchsorted(np.asarray(boundaries), length, side="left")
