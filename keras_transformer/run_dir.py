@@ -5,6 +5,7 @@ Layout (`keras-transformer train --output RUN_DIR`):
 ```text
 config.json      model TransformerConfig + training options + data spec
 spm.model        the SentencePiece vocabulary (reused if present)
+spm.data.json    the data it was learned on: spec, languages, files' SHA-256
 checkpoints/     ckpt-00001000.weights.h5 ...: model weights every
                  --checkpoint-every steps (the last --keep-checkpoints kept,
                  at least --average-last)
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 CONFIG_FILENAME = "config.json"
 # The SentencePiece vocabulary: a run directory's, and the asset an export carries (assets/spm.model).
 TOKENIZER_FILENAME = "spm.model"
+# Beside it: the fingerprint of the training data it was learned on (`training.inputs`).
+TOKENIZER_DATA_FILENAME = "spm.data.json"
 FINAL_MODEL_FILENAME = "model.keras"
 HISTORY_FILENAME = "history.csv"
 STEPS_FILENAME = "steps.csv"

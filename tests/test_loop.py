@@ -811,6 +811,79 @@ def test_a_streamed_corpus_goes_on_from_one_fit_call_to_the_next(monkeypatch):
     assert pairs(resumed.batches(20, 10, 1)) != calls[0][:64]
 
 
+def _write_pairs(directory, split, sources, targets):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{split}.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (directory / f"{split}.de").write_text("\n".join(targets) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        ("lines", r"files of the train split have different line counts: .*train.en has 3, .*train.de has 2"),
+        ("utf8", r"file .*val.de: line 2: invalid UTF-8 .* \(val split\)"),
+        ("missing", r"file .*val.en: no such file \(val split\)"),
+    ],
+)
+def test_data_files_are_checked_before_the_run_directory_is_made(tmp_path, problem, message):
+    from keras_transformer.errors import ParameterError
+
+    corpus = tmp_path / "corpus"
+    _write_pairs(corpus, "train", ["a", "b", "c"], ["x", "y"] + ([] if problem == "lines" else ["z"]))
+    if problem != "missing":
+        _write_pairs(corpus, "val", ["a", "b"], ["x", "y"])
+    if problem == "utf8":
+        (corpus / "val.de").write_bytes(b"x\ncaf\xe9\n")
+    output = tmp_path / "run"
+    args = training.TrainingArgs(
+        output=str(output), data=f"files:{corpus}/{{split}}.en,{corpus}/{{split}}.de", preset="tiny", vocab_size=400
+    )
+    with pytest.raises(ParameterError, match=message) as raised:
+        training.train(args)
+    assert raised.value.parameter == "data"
+    assert not output.exists()
+
+
+def test_a_failed_start_leaves_no_directory_and_the_vocabulary_is_tied_to_its_data(tmp_path):
+    """A start that fails after learning the vocabulary (here: a batch larger than the data) removes the
+    directory it made; in a directory the user made, the vocabulary stays, and a rerun with other
+    data is refused, naming both, instead of reusing it silently."""
+    from keras_transformer.data.corpora import read_lines
+    from keras_transformer.errors import ParameterError
+
+    sources, targets = read_lines("train", "en")[:1500], read_lines("train", "de")[:1500]
+    _write_pairs(tmp_path / "a", "train", sources, targets)
+    _write_pairs(tmp_path / "b", "train", sources[::-1], targets[::-1])
+
+    def args(output, corpus):
+        return training.TrainingArgs(
+            output=str(output),
+            data=f"files:{tmp_path}/{corpus}/train.en,{tmp_path}/{corpus}/train.de",
+            validation_split=None,
+            preset="tiny",
+            vocab_size=400,
+            batch_tokens=10**9,
+        )
+
+    with pytest.raises(ParameterError, match="no training batch"):
+        training.train(args(tmp_path / "new", "a"))
+    assert not (tmp_path / "new").exists()
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(ParameterError, match="no training batch"):
+        training.train(args(mine, "a"))
+    assert (mine / "spm.model").exists()
+    recorded = json.loads((mine / "spm.data.json").read_text())
+    assert recorded["files"][0]["path"] == f"{tmp_path}/a/train.en"
+    with pytest.raises(ParameterError) as raised:
+        training.train(args(mine, "b"))
+    message = str(raised.value)
+    assert f"files:{tmp_path}/b/train.en,{tmp_path}/b/train.de en->de" in message
+    assert f"is not the data the vocabulary {mine}/spm.model was learned on, files:{tmp_path}/a/train.en" in message
+    assert f"delete {mine}/spm.model and {mine}/spm.data.json" in message
+
+
 def test_files_without_split_are_not_validated_on_as_val(tmp_path, spm500):
     """`files:` paths without {split} are the same files for every split: the default
     --validation-split val would validate (and keep the best, stop early) on the training data."""
@@ -823,12 +896,13 @@ def test_files_without_split_are_not_validated_on_as_val(tmp_path, spm500):
     ):
         training.train(training.TrainingArgs(output=str(output), data=plain, preset="tiny", vocab_size=500))
     from keras_transformer.data import DataSpec
+    from keras_transformer.training.inputs import check_validation_files
 
     for data, split in (
         (plain, "train"),  # asked for by name
         (f"files:{tmp_path}/{{split}}.en,{tmp_path}/{{split}}.de", "val"),
     ):
-        loop._check_validation_files(DataSpec.parse(data), training.TrainingArgs(data=data, validation_split=split))
+        check_validation_files(DataSpec.parse(data), training.TrainingArgs(data=data, validation_split=split))
 
 
 # ----------------------------------------------------------------------------------

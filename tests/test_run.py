@@ -204,3 +204,16 @@ def test_a_second_process_on_the_same_run_directory_is_refused_with_the_holders_
     assert (tmp_path / ".lock").read_text().strip() == str(os.getpid())
     run.close()
     _run(tmp_path).close()  # released: taken again
+
+
+def test_an_unstarted_directory_is_removed_only_if_it_holds_nothing_but_what_a_start_writes(tmp_path):
+    for extra in (None, "notes.txt", "checkpoints/ckpt-00000001.weights.h5"):
+        run_dir = tmp_path / str(extra).replace("/", "_")
+        run = _run(run_dir)
+        for name in ("spm.model", "spm.vocab", "spm.data.json", "config.json", "config.json.tmp-12"):
+            (run_dir / name).write_text("x")
+        if extra:
+            (run_dir / extra).write_text("mine")
+        run.close()
+        run.remove_unstarted_directory()
+        assert run_dir.exists() == (extra is not None), extra

@@ -54,6 +54,7 @@ from keras_transformer.training import init_from
 from keras_transformer.training import strategy as strategies
 from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
 from keras_transformer.training.curves import plot_curves
+from keras_transformer.training.inputs import check_inputs, tie_vocabulary_to_data
 from keras_transformer.training.options import TrainingArgs, TrainingResult
 from keras_transformer.training.run import ResumePoint, Run, check_resume_config, load_resume_point
 from keras_transformer.training.stream import TrainingData
@@ -84,6 +85,7 @@ class _State:
     steps_per_epoch: int = 0
     total_steps: int = 0
     model: object = None
+    data_fingerprint: dict = None  # `inputs.check_inputs`
 
 
 def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> TrainingResult:
@@ -113,15 +115,25 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
         strategy = strategies.get_strategy()
     strategies.check_time_budget(args, strategy)
     strategies.check_batch_multiple(args.batch_multiple, strategy.num_replicas_in_sync)
+    fingerprint = check_inputs(args)  # before anything is written
     previous_policy = keras.mixed_precision.global_policy()
+    created = not os.path.exists(os.path.abspath(args.output))
     run = Run(args, strategy)  # takes the run directory's lock, or refuses
+    started = False
     try:
         state = _set_up(args, strategy, run)
+        state.data_fingerprint = fingerprint
         _prepare_data(state)
         _record_options(state)
         _build_model(state)
+        started = True
         monitor = _fit(state, callbacks)
         return _finish(state, monitor)
+    except BaseException:
+        if created and not started:  # a failed start leaves no directory behind
+            run.close()
+            run.remove_unstarted_directory()
+        raise
     finally:
         run.close()
         keras.mixed_precision.set_global_policy(previous_policy)
@@ -156,8 +168,8 @@ def _prepare_data(state):
     spec = DataSpec.parse(args.data)
     num_replicas = args.batch_multiple or state.strategy.num_replicas_in_sync
     max_length = state.model_config.max_length
-    if args.validation_split:
-        _check_validation_files(spec, args)
+    if run.is_chief:
+        tie_vocabulary_to_data(run.run_dir, state.data_fingerprint)
     state.tokenizer = get_or_train_tokenizer(
         run.run_dir, lambda: spec.training_texts(args.src, args.tgt), state.model_config.vocab_size
     )
@@ -188,20 +200,6 @@ def _prepare_data(state):
                 lang=args.tgt,
                 start_step=state.start_step,
             )
-
-
-def _check_validation_files(spec, args):
-    """Refuses a validation split that reads the training files ("files:" paths without `{split}`)."""
-    if spec.kind != "files" or spec.split_name(args.validation_split) == "train":
-        return  # an explicit validation split "train" is what it says
-    paths = spec.file_paths(args.validation_split, args.src, args.tgt)
-    if paths == spec.file_paths("train", args.src, args.tgt):
-        raise ParameterError(
-            "validation_split",
-            f"{args.validation_split!r} would read the training files of data {args.data!r} ({', '.join(paths)}), "
-            "as the paths have no {split}. Put {split} in them (files:data/{split}.en,data/{split}.de reads "
-            "data/train.* and data/val.*) or set validation_split to None.",
-        )
 
 
 def _steps_per_epoch(state, num_replicas):

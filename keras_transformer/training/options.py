@@ -178,14 +178,8 @@ class TrainingArgs:
     def __post_init__(self):
         if self.precision not in PRECISION_CHOICES:
             raise ParameterError("precision", f"must be one of {', '.join(PRECISION_CHOICES)}, got {self.precision!r}.")
-        if self.time_budget is not None and not (
-            isinstance(self.time_budget, (int, float))
-            and not isinstance(self.time_budget, bool)
-            and self.time_budget > 0
-        ):
-            raise ParameterError(
-                "time_budget", f"must be a positive number of minutes or None, got {self.time_budget!r}."
-            )
+        for name in ("time_budget", "checkpoint_minutes"):
+            _check_minutes(name, getattr(self, name))
         for name in (
             "vocab_size",
             "batch_tokens",
@@ -199,14 +193,6 @@ class TrainingArgs:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ParameterError(name, f"must be a positive integer, got {value!r}.")
-        if self.checkpoint_minutes is not None and not (
-            isinstance(self.checkpoint_minutes, (int, float))
-            and not isinstance(self.checkpoint_minutes, bool)
-            and self.checkpoint_minutes > 0
-        ):
-            raise ParameterError(
-                "checkpoint_minutes", f"must be a positive number of minutes or None, got {self.checkpoint_minutes!r}."
-            )
         if self.ema is not None and not (isinstance(self.ema, float) and 0.0 < self.ema < 1.0):
             raise ParameterError("ema", f"must be a decay between 0 and 1, got {self.ema!r}.")
         if self.ema is not None and self.average_last > 1:
@@ -281,6 +267,12 @@ class TrainingArgs:
     def from_dict(cls, values):
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+def _check_minutes(name, value):
+    """Refuses a duration in minutes that is not a positive number (None allowed)."""
+    if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+        raise ParameterError(name, f"must be a positive number of minutes or None, got {value!r}.")
 
 
 @dataclasses.dataclass

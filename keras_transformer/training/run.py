@@ -20,6 +20,8 @@ from keras_transformer.run_dir import (
     CONFIG_FILENAME,
     HISTORY_FILENAME,
     STEPS_FILENAME,
+    TOKENIZER_DATA_FILENAME,
+    TOKENIZER_FILENAME,
     atomic_write_text,
     checkpoint_path,
     file_sha256,
@@ -29,9 +31,12 @@ from keras_transformer.run_dir import (
     save_model_weights,
     weights_file_problem,
 )
-from keras_transformer.training.lock import RunLock
+from keras_transformer.training.lock import LOCK_FILENAME, RunLock
 from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES
 from keras_transformer.training.strategy import strategy_worker
+
+# What a run's start writes into a new run directory, before training (`remove_unstarted_directory`).
+_WRITTEN_AT_START = (LOCK_FILENAME, TOKENIZER_FILENAME, "spm.vocab", TOKENIZER_DATA_FILENAME, CONFIG_FILENAME)
 
 
 class ResumeError(ValueError):
@@ -119,6 +124,24 @@ class Run:
         self.lock = RunLock(self.out_dir).acquire()
         os.makedirs(os.path.join(self.out_dir, CHECKPOINT_DIR), exist_ok=True)
         self.remove_stale_temporaries()
+
+    def remove_unstarted_directory(self):
+        """Removes the run directory after a failed start, if it holds nothing but what a start writes.
+
+        For a directory this process created (the caller knows): its lock, an
+        empty `checkpoints/`, the vocabulary and its data, `config.json`, and
+        temporaries. Anything else (a file a user put there meanwhile, a
+        checkpoint) keeps it. The chief's directory only.
+        """
+        if not self.is_chief or not os.path.isdir(self.out_dir):
+            return
+        for name in os.listdir(self.out_dir):
+            path = os.path.join(self.out_dir, name)
+            if name == CHECKPOINT_DIR and os.path.isdir(path) and not os.listdir(path):
+                continue
+            if name not in _WRITTEN_AT_START and not is_temporary_name(name):
+                return
+        shutil.rmtree(self.out_dir, ignore_errors=True)
 
     def close(self):
         """Releases the run directory's lock (the end of the process would too)."""
