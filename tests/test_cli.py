@@ -92,14 +92,14 @@ def test_translate_precision_and_early_stopping_options(tiny_run_dir, capsys):
 
 def test_a_parameter_the_library_refuses_is_named_by_its_flag(tiny_run_dir, capsys):
     """The library names `n_best`; the command line says `--n-best`, on one line of stderr, exit status 2."""
-    argv = ["translate", "--model", tiny_run_dir, "--sampling-topk", "10", "--n-best", "2", "A dog."]
+    argv = ["translate", "--model", tiny_run_dir, "--beam", "3", "--n-best", "4", "A dog."]
     with pytest.raises(SystemExit) as raised:
         cli.main(argv)
     assert raised.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        "keras-transformer translate: --n-best 2: must be between 1 and the beam size 4 (and no sampling), got 2.\n"
+        "keras-transformer translate: --n-best 4: must be between 1 and the beam size 3 (and no sampling), got 4.\n"
     )
 
 
@@ -542,8 +542,8 @@ def test_saved_model_refuses_what_it_cannot_do_with_clear_errors(saved_model_ver
     )
     for flags, message in (
         (["--sampling-temperature", "0.5"], "is a SavedModel, .*sampling needs"),
-        (["--batch-size", "0"], "batch_size must be between 1 and 1024, got 0"),
-        (["--batch-size", "2000"], "batch_size must be between 1 and 1024, got 2000"),
+        (["--batch-size", "0"], "--batch-size 0: must be between 1 and 1024, got 0"),
+        (["--batch-size", "2000"], "--batch-size 2000: must be between 1 and 1024, got 2000"),
     ):
         with pytest.raises(SystemExit, match=f"^translate: .*{message}"):
             cli.main(["translate", "--model", base, *flags, *sentences])

@@ -21,6 +21,12 @@ CLI = [sys.executable, "-m", "keras_transformer.cli"]
 ENV = {k: v for k, v in os.environ.items() if k not in ("KERAS_TRANSFORMER_DEBUG",)}
 
 
+def default_sigint():
+    """In the child: SIGINT's default action, which Python turns into KeyboardInterrupt (a shell's background
+    job, such as a test run started with `&`, inherits SIGINT ignored, and Python then leaves it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_command(argv, env=None, **kwargs):
     return subprocess.run(CLI + argv, capture_output=True, text=True, env=env or ENV, timeout=300, **kwargs)
 
@@ -125,6 +131,7 @@ def test_ctrl_c_while_reading_stdin_is_one_line_with_status_130(tiny_run_dir):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=ENV,
+        preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 300
     # Blocked in read(0, ...): x86-64's read is system call 0, aarch64's 63.

@@ -10,12 +10,15 @@ def register(subparsers):
     parser = subparsers.add_parser(
         "attention",
         help="plot the attention heads of one layer for a sentence (PNG)",
+        description="Translates SENTENCE with the run --model and draws, for one layer, the "
+        "encoder self-attention, decoder self-attention and encoder-decoder attention of each head "
+        "(§3.2.3; the paper's Figures 3-5) in one PNG. Prints the translation and the file written.",
     )
     parser.add_argument("sentence", help="the source sentence")
-    parser.add_argument("--model", required=True, help="training run directory")
+    parser.add_argument("--model", required=True, help="training run directory (required)")
     parser.add_argument("--layer", type=int, default=-1, help="layer index (default -1: the last)")
     add_search_options(parser, early_stopping=False)
-    parser.add_argument("--output", help="PNG path (default RUN_DIR/attention_layerN.png)")
+    parser.add_argument("--output", help="PNG path (default: attention_layerN.png in the run directory)")
     parser.set_defaults(func=run)
 
 

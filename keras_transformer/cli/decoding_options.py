@@ -1,5 +1,6 @@
 """The decoding flags that translate, evaluate, attention and export share (§6.1 defaults), and model loading."""
 
+import argparse
 import contextlib
 import os
 
@@ -60,7 +61,9 @@ def add_search_options(parser, early_stopping=True, keep_recorded=False):
 def add_model_options(parser):
     """--model, the search options, --precision and --batch-size of translate and evaluate."""
     parser.add_argument(
-        "--model", required=True, help="run directory or exported SavedModel (its base directory or one version)"
+        "--model",
+        required=True,
+        help="run directory or exported SavedModel (its base directory, for its highest version, or one version)",
     )
     add_search_options(parser)
     parser.add_argument(
@@ -74,13 +77,19 @@ def add_model_options(parser):
         "--checkpoint",
         default=None,
         help="with a run directory: use this checkpoint (a path, e.g. from average-checkpoints, "
-        "or 'latest') instead of model.keras",
+        "or 'latest') instead of model.keras (default: model.keras)",
     )
     parser.add_argument(
         "--batch-size",
         type=int,
         default=DEFAULT_TRANSLATE_BATCH_SIZE,
         help=f"the most sentences per decoding call (default {DEFAULT_TRANSLATE_BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar on stderr (default: on, but for sentences given as arguments)",
     )
 
 

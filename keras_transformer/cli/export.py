@@ -1,10 +1,16 @@
 """`keras-transformer export`: a SavedModel for TensorFlow Serving (strings in, translations out)."""
 
+import sys
+
 from keras_transformer.cli.decoding_options import add_search_options
 from keras_transformer.cli.errors import CommandError
+from keras_transformer.cli.model_flag import add_model_flag, model_path
 from keras_transformer.cli.text_files import read_lines
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
+
+# What `export` computes a run's model in unless --precision says otherwise: train's default.
+RUN_EXPORT_PRECISION = "float32"
 
 
 def register(subparsers):
@@ -20,12 +26,10 @@ def register(subparsers):
         "training options, --n-best signature and scores kept unless given; the scores only while "
         "the options and precision stay).",
     )
+    add_model_flag(parser, "training run directory, or an exported version directory (OUTPUT/<version>) to re-export")
     parser.add_argument(
-        "run_dir",
-        metavar="RUN_DIR",
-        help="training run directory, or an exported version directory (OUTPUT/<version>) to re-export",
+        "--output", "-o", required=True, help="model base directory, e.g. saved_models/multi30k_en_de (required)"
     )
-    parser.add_argument("--output", "-o", required=True, help="model base directory, e.g. saved_models/multi30k_en_de")
     parser.add_argument(
         "--version", type=int, default=None, help="version number (default: highest existing + 1, starting at 1)"
     )
@@ -39,7 +43,9 @@ def register(subparsers):
         "an export's recorded one)",
     )
     parser.add_argument(
-        "--checkpoint", default=None, help="export this checkpoint (path or 'latest') instead of the final model.keras"
+        "--checkpoint",
+        default=None,
+        help="export this checkpoint (path or 'latest') instead of the final model.keras (default: model.keras)",
     )
     parser.add_argument(
         "--n-best",
@@ -47,17 +53,19 @@ def register(subparsers):
         default=None,
         metavar="N",
         help="also export the signature translate_n_best: the N best translations and scores "
-        "of each input, [B, N] (N <= --beam; 0: none, also for an export that has one)",
+        "of each input, [B, N] (N <= --beam; 0: none, also for an export that has one; default: none "
+        "for a run, an export's own)",
     )
     parser.add_argument(
         "--precision",
         choices=DECODING_PRECISION_CHOICES,
         default=None,
-        help="the precision the exported graph computes in; auto (the default for a run): bfloat16 "
-        "where this machine computes it natively (a CPU with AVX512_BF16 or AMX-BF16, GPUs of "
-        "compute capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs). The "
-        "choice is this machine's: export with float32 to serve on CPUs without native "
-        "bfloat16. A re-exported version keeps its precision by default",
+        help=f"the precision the exported graph computes in (printed on stderr). Default for a run: "
+        f"{RUN_EXPORT_PRECISION}, as train's default: the same answers on every machine, and a graph "
+        "that serves on any CPU; a re-exported version keeps its own. auto: bfloat16 where this "
+        "machine computes it natively (a CPU with AVX512_BF16 or AMX-BF16, GPUs of compute "
+        "capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs): faster, but this "
+        "machine's choice, slow to serve on CPUs without native bfloat16",
     )
     warmup = parser.add_mutually_exclusive_group()
     warmup.add_argument(
@@ -86,12 +94,17 @@ def _warmup_sentences(args):
 
 
 def run(args):
+    from keras_transformer.inference.export_dirs import is_export_dir, read_export_info
     from keras_transformer.inference.saved_model import export_saved_model
 
+    source = model_path(args)
     warmup_sentences = _warmup_sentences(args)
+    precision = args.precision
+    if precision is None and not is_export_dir(source):
+        precision = RUN_EXPORT_PRECISION
     try:
         path = export_saved_model(
-            args.run_dir,
+            source,
             args.output,
             version=args.version,
             beam_size=args.beam,
@@ -101,7 +114,7 @@ def run(args):
             max_input_length=args.max_input_length,
             checkpoint=args.checkpoint,
             early_stopping=args.early_stopping,
-            dtype=args.precision,
+            dtype=precision,
             n_best=args.n_best,
             warmup_sentences=warmup_sentences,
         )
@@ -111,5 +124,8 @@ def run(args):
         raise CommandError(f"{error} (--version, --overwrite)") from None
     except (FileNotFoundError, ImportError, ValueError) as error:
         raise CommandError(str(error)) from None
+    info = read_export_info(path)
+    reason = info.get("precision_choice")
+    print(f"precision: {info['precision']}" + (f" ({reason})" if reason else ""), file=sys.stderr, flush=True)
     print(path)
     return 0

@@ -15,11 +15,17 @@ def register(subparsers):
         description="Prints one score per line: log P(target | source), summed over the target's tokens and "
         "its end token (--normalize: divided by their number). Needs a training run directory.",
     )
-    parser.add_argument("--model", required=True, help="training run directory")
-    parser.add_argument("--src", required=True, help="source sentences, one per line")
-    parser.add_argument("--tgt", required=True, help="target sentences, one per line, aligned with --src")
-    parser.add_argument("--normalize", action="store_true", help="divide each score by its number of tokens")
-    parser.add_argument("--checkpoint", default=None, help="a checkpoint path (or 'latest') instead of model.keras")
+    parser.add_argument("--model", required=True, help="training run directory (required)")
+    parser.add_argument("--src", required=True, help="source sentences, one per line (required)")
+    parser.add_argument("--tgt", required=True, help="target sentences, one per line, aligned with --src (required)")
+    parser.add_argument(
+        "--normalize", action="store_true", help="divide each score by its number of tokens (default: the sum)"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a checkpoint path (or 'latest') instead of model.keras (default: model.keras)",
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="pairs per call (default 64)")
     parser.set_defaults(func=run)
 

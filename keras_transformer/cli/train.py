@@ -13,6 +13,8 @@ from keras_transformer.cli.errors import CommandError
 from keras_transformer.config import PRESETS
 from keras_transformer.training.options import PRECISION_CHOICES, TrainingArgs
 
+DEFAULT_EPOCHS = 10  # what `training` runs with neither --epochs nor --max-steps (`TrainingArgs.epochs`)
+
 
 def register(subparsers):
     parser = subparsers.add_parser(
@@ -128,6 +130,8 @@ def _add_model_flags(parser, d):
         # out of the flag's default, so that --set can change them too.
         if field in d.overrides:
             text += f"; default here {d.overrides[field]}"
+        else:
+            text += "; default: the --preset's"
         model.add_argument(flag, dest=f"config_{field}", type=kind, default=None, metavar=field.upper(), help=text)
     parser.set_defaults(config_defaults=dict(d.overrides))
     model.add_argument(
@@ -135,7 +139,7 @@ def _add_model_flags(parser, d):
         dest="config_norm_first",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="pre-LN instead of the paper's post-LN",
+        help="pre-LN instead of the paper's post-LN (default: the --preset's, post-LN)",
     )
     model.add_argument(
         "--share-embeddings",
@@ -204,14 +208,20 @@ def _add_schedule_flags(parser, d):
     """How long and at what learning rate (§5.2, §5.3)."""
     schedule = parser.add_argument_group("schedule")
     schedule.add_argument(
-        "--epochs", type=int, default=d.epochs, help="passes over the training data (default %(default)s)"
+        "--epochs",
+        type=int,
+        default=d.epochs,
+        help="passes over the training data (default: "
+        + (f"{d.epochs})" if d.epochs else f"{DEFAULT_EPOCHS} when --max-steps is not given)"),
     )
     schedule.add_argument(
         "--max-steps",
         type=_int_or_none,
         default=d.max_steps,
         help="optimizer steps to train (wins over --epochs; §5.2: 100k base, 300k big"
-        + (f"; default {d.max_steps}, none: --epochs decides)" if d.max_steps else ")"),
+        + (
+            f"; default {d.max_steps}, none: --epochs decides)" if d.max_steps else "; default: none, --epochs decides)"
+        ),
     )
     schedule.add_argument(
         "--steps-per-epoch",
@@ -225,7 +235,8 @@ def _add_schedule_flags(parser, d):
         default=d.time_budget,
         metavar="MINUTES",
         help="stop once training has taken this long (over resumes too), if before "
-        "--max-steps/--epochs" + (f" (default {d.time_budget:g}; none for no budget)" if d.time_budget else ""),
+        "--max-steps/--epochs"
+        + (f" (default {d.time_budget:g}; none for no budget)" if d.time_budget else " (default: none)"),
     )
     schedule.add_argument(
         "--warmup-steps", type=int, default=d.warmup_steps, help="warmup of equation (3) (§5.3; default %(default)s)"
@@ -253,7 +264,7 @@ def _add_run_flags(parser, d):
         default=d.init_from,
         metavar="RUN_DIR",
         help="start from this run's model, vocabulary and weights (fine-tuning on new data); only "
-        "dropout, attention dropout and label smoothing may differ",
+        "dropout, attention dropout and label smoothing may differ (default: a new model)",
     )
     run.add_argument(
         "--resume-optimizer",
@@ -265,12 +276,16 @@ def _add_run_flags(parser, d):
         "--precision",
         choices=PRECISION_CHOICES,
         default=d.precision,
-        help="Keras dtype policy; auto: mixed_bfloat16 on a CPU with native bfloat16 "
-        "(AVX512_BF16, AMX) or Ampere+ GPUs, mixed_float16 on Volta/Turing, else float32 "
-        "(default %(default)s)",
+        help="Keras dtype policy (printed when training starts); default %(default)s, export's default "
+        "too: the same results on every machine. auto: mixed_bfloat16 on a CPU with native bfloat16 "
+        "(AVX512_BF16, AMX) or Ampere+ GPUs, mixed_float16 on Volta/Turing, else float32: faster, "
+        "with results that depend on the machine",
     )
     run.add_argument(
-        "--xla", action=argparse.BooleanOptionalAction, default=d.xla, help="compile the train step with XLA"
+        "--xla",
+        action=argparse.BooleanOptionalAction,
+        default=d.xla,
+        help="compile the train step with XLA (default off)",
     )
     run.add_argument("--seed", type=int, default=d.seed, help="weights, dropout and data order (default %(default)s)")
 
@@ -346,7 +361,7 @@ def _add_validation_flags(parser, d):
         "--keep-best",
         action=argparse.BooleanOptionalAction,
         default=d.keep_best,
-        help="keep the weights of the best validation BLEU in checkpoints/best.weights.h5",
+        help="keep the weights of the best validation BLEU in checkpoints/best.weights.h5 (default off)",
     )
     run.add_argument(
         "--early-stopping-patience",
@@ -373,7 +388,9 @@ def _add_validation_flags(parser, d):
         default=d.batch_multiple,
         help="round batch sizes to a multiple of this (default: the replica count)",
     )
-    run.add_argument("--verbose", type=_parse_verbose, default=d.verbose, help="fit verbosity: auto, 0, 1, 2")
+    run.add_argument(
+        "--verbose", type=_parse_verbose, default=d.verbose, help="fit verbosity: auto, 0, 1, 2 (default %(default)s)"
+    )
 
 
 def _parse_verbose(text):

@@ -1,5 +1,6 @@
 """`keras-transformer translate`: one translation per input line on stdout (progress on stderr)."""
 
+import argparse
 import sys
 
 from keras_transformer.cli.decoding_options import add_model_options, translator_from_args
@@ -12,20 +13,25 @@ def register(subparsers):
     parser = subparsers.add_parser(
         "translate",
         help="translate sentences (arguments, a file, or stdin; one per line)",
-        description="Writes one translation per input line to stdout (an empty line for an empty input); "
-        "a progress bar goes to stderr.",
+        description="Writes one translation per input line to stdout (an empty line for an empty input), "
+        "in input order as they are decoded: a reader of the output sees it grow, and Ctrl-C keeps "
+        "what was written. A progress bar, and the inputs longer than the model reads (translated "
+        "from their beginning), go to stderr.",
     )
     add_model_options(parser)
     parser.add_argument("sentences", nargs="*", help="sentences to translate (default: read --input or stdin)")
-    parser.add_argument("--input", help="file with one sentence per line ('-' for stdin)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--input", help="file with one sentence per line ('-' for stdin; default: stdin)")
+    parser.add_argument(
+        "--quiet", dest="progress", action="store_false", default=None, help=argparse.SUPPRESS
+    )  # --no-progress
     parser.add_argument(
         "--n-best",
         type=int,
         default=None,
         metavar="N",
         help="the N best translations of each input (N <= --beam), one per line as "
-        "SOURCE_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index, best first)",
+        "SOURCE_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index, best first; default: the best only, "
+        "without index and score)",
     )
     sampling = parser.add_argument_group("sampling (instead of beam search; back-translation, data augmentation)")
     sampling.add_argument(
@@ -33,7 +39,7 @@ def register(subparsers):
         type=int,
         default=None,
         metavar="K",
-        help="draw each token from the K most probable (0: the whole vocabulary)",
+        help="draw each token from the K most probable (0: the whole vocabulary; default: beam search, no sampling)",
     )
     sampling.add_argument(
         "--sampling-temperature",
@@ -42,7 +48,9 @@ def register(subparsers):
         metavar="T",
         help="divide the logits by T before drawing (default 1)",
     )
-    sampling.add_argument("--seed", type=int, default=None, help="makes the draws reproducible")
+    sampling.add_argument(
+        "--seed", type=int, default=None, help="makes the draws reproducible (default: other draws each run)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -57,21 +65,61 @@ def read_sentences(args):
 def run(args):
     if args.sentences and args.input:
         raise CommandError("give sentences as arguments or --input, not both.")
+    if args.n_best is not None and (args.sampling_topk is not None or args.sampling_temperature is not None):
+        sampling = "--sampling-topk" if args.sampling_topk is not None else "--sampling-temperature"
+        raise CommandError(f"--n-best {args.n_best}: needs beam search, not sampling ({sampling}).")
     translator = translator_from_args(args)
     sentences = read_sentences(args)
+    from keras_transformer.inference.batching import translate_stream, truncated_sentences
+
+    report_truncated(args, truncated_sentences(translator, sentences), translator.max_input_length)
+    results = translate_stream(
+        translator,
+        sentences,
+        batch_size=args.batch_size,
+        progress=not args.sentences if args.progress is None else args.progress,
+        n_best=args.n_best,
+    )
     try:
-        translations = translator.translate(
-            sentences, batch_size=args.batch_size, progress=not args.sentences and not args.quiet, n_best=args.n_best
-        )
+        for index, result in enumerate(results):
+            write_result(index, result, args.n_best)
     except ParameterError:
         raise  # named by its flag (`cli.main`)
-    except ValueError as error:  # an option the model refuses: --batch-size
+    except ValueError as error:  # an option the model refuses
         raise CommandError(str(error)) from None
-    for index, result in enumerate(translations):
-        if args.n_best is None:
-            sys.stdout.write(result.replace("\n", " ") + "\n")
-            continue
+    finally:  # stopped (Ctrl-C, a closed pipe): the progress bar's line ends before the error's
+        results.close()
+    return 0
+
+
+def write_result(index, result, n_best):
+    """Writes (and flushes) the translation of input `index`, or its n-best lines, to stdout."""
+    if n_best is None:
+        sys.stdout.write(result[0].replace("\n", " ") + "\n")
+    else:
         for text, score in result:
             sys.stdout.write(f"{index}\t{score:.6f}\t{text.replace(chr(10), ' ')}\n")
     sys.stdout.flush()
-    return 0
+
+
+# At most this many truncated inputs are named one by one; the rest are counted.
+MAX_TRUNCATED_REPORTED = 10
+
+
+def report_truncated(args, truncated, max_input_length):
+    """Says on stderr which inputs are longer than the model reads, and so are translated from their beginning."""
+    if not truncated:
+        return
+    where = "sentence" if args.sentences else f"{args.input if args.input and args.input != '-' else '<stdin>'} line"
+    for index, pieces in truncated[:MAX_TRUNCATED_REPORTED]:
+        print(
+            f"keras-transformer translate: warning: {where} {index + 1}: {pieces} subwords, translated from "
+            f"its first {max_input_length - 1} (the model's maximum input length is {max_input_length} tokens).",
+            file=sys.stderr,
+        )
+    if len(truncated) > MAX_TRUNCATED_REPORTED:
+        print(
+            f"keras-transformer translate: warning: {len(truncated) - MAX_TRUNCATED_REPORTED} more inputs truncated.",
+            file=sys.stderr,
+        )
+    sys.stderr.flush()

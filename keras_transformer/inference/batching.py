@@ -23,6 +23,10 @@ import sys
 import numpy as np
 
 from keras_transformer.decoding.defaults import DEFAULT_TRANSLATE_BATCH_SIZE, DEFAULT_TRANSLATE_WORKERS
+from keras_transformer.errors import ParameterError
+
+# The first window of `translate_stream`, in sentences per worker; each next window is twice as large.
+STREAM_FIRST_WINDOW = 8
 
 
 def length_order(sentences):
@@ -94,27 +98,127 @@ def translate_in_batches(
         As `Translator.translate`.
 
     Raises:
-        ValueError: `workers` or `batch_size` out of range, or an `n_best`
+        ParameterError: `workers` or `batch_size` out of range, or an `n_best`
             the translator cannot give (before any sentence is decoded).
     """
-    import keras
+    _check_options(translator, batch_size, workers, n_best)
+    sentences = list(sentences)
+    results = [None] * len(sentences)
+    bar = _progress_bar(len(sentences)) if progress else None
+    # All batches go to the pool at once: a `tf.function` traces under a lock, so the first
+    # calls of two threads trace it once.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        for batch in _decode(pool, translator, sentences, length_order(sentences), batch_size, workers, n_best):
+            for row, result in batch:
+                results[row] = result
+            _advance(bar, len(batch))
+    if n_best is not None:
+        return [list(zip(*result)) for result in results]
+    translations, scores = [r[0] for r in results], [r[1] for r in results]
+    return (translations, scores) if return_scores else translations
+
+
+def stream_windows(count, batch_size, workers, first=STREAM_FIRST_WINDOW):
+    """`(start, stop)` of the consecutive windows of `count` sentences that `translate_stream` decodes.
+
+    The first holds `first` sentences per worker, each next one twice as many,
+    up to a round of full batches (`batch_size * workers`): the first
+    translations come soon, and long inputs are still decoded in full batches.
+
+    Example:
+        >>> stream_windows(100, batch_size=16, workers=2, first=4)
+        [(0, 8), (8, 24), (24, 56), (56, 88), (88, 100)]
+    """
+    windows, start, size = [], 0, max(1, first) * workers
+    while start < count:
+        size = min(size, batch_size * workers)
+        windows.append((start, min(count, start + size)))
+        start += size
+        size *= 2
+    return windows
+
+
+def translate_stream(
+    translator,
+    sentences,
+    batch_size=DEFAULT_TRANSLATE_BATCH_SIZE,
+    progress=False,
+    workers=DEFAULT_TRANSLATE_WORKERS,
+    n_best=None,
+):
+    """Yields the translation of each sentence, in input order, as soon as it and those before it are decoded.
+
+    The sentences are decoded window by window (`stream_windows`), each
+    window in length order and even batches as `translate_in_batches`
+    decodes all of them; the answers are the same, since a sentence's
+    translation does not depend on its batch. A reader of the output (a
+    pipe) sees it grow, and a stopped run keeps what was yielded.
+
+    Args:
+        translator, sentences, batch_size, progress, workers, n_best: as
+            `Translator.translate`.
+
+    Yields:
+        `(translation, score)` per sentence, or with `n_best` a list of `n_best` of them, best first.
+
+    Raises:
+        ParameterError: as `translate_in_batches`, at the first `next()`.
+    """
+    _check_options(translator, batch_size, workers, n_best)
+    sentences = list(sentences)
+    bar = _progress_bar(len(sentences)) if progress else None
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+    try:
+        for start, stop in stream_windows(len(sentences), batch_size, workers):
+            order = start + length_order(sentences[start:stop])
+            window = {}
+            for batch in _decode(pool, translator, sentences, order, batch_size, workers, n_best):
+                window.update(batch)
+                _advance(bar, len(batch))
+            for row in range(start, stop):
+                text, score = window.pop(row)
+                yield list(zip(text, score)) if n_best is not None else (text, score)
+    except BaseException:
+        if bar is not None:
+            sys.stderr.write("\n")  # ends the progress bar's line: what stops the stream may say why below it
+        raise
+    finally:  # a stopped reader (Ctrl-C, a closed pipe) does not wait for the batches queued behind
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def truncated_sentences(translator, sentences):
+    """`(index, pieces)` of the sentences longer than the translator reads (its `max_input_length`, EOS included).
+
+    Such a sentence is translated from its first `max_input_length - 1`
+    subwords (`Translator.source_ids`); None where the translator does not
+    say how long its inputs may be.
+    """
+    limit = getattr(translator, "max_input_length", None)
+    if not limit or not sentences:
+        return []
+    pieces = translator.source_pieces(list(sentences))
+    return [(index, int(count)) for index, count in enumerate(pieces) if count > limit - 1]
+
+
+def _check_options(translator, batch_size, workers, n_best):
+    """Refuses `workers`, `batch_size` or `n_best` before any sentence is decoded."""
     import tensorflow as tf
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive integer, got {workers!r}.")
+        raise ParameterError("workers", f"must be a positive integer, got {workers!r}.")
     limit = translator.max_batch_size
     if not 1 <= batch_size <= (limit or batch_size):
-        raise ValueError(
-            f"batch_size must be between 1 and {limit}, got {batch_size}."
-            if limit
-            else f"batch_size must be at least 1, got {batch_size}."
+        raise ParameterError(
+            "batch_size",
+            f"must be between 1 and {limit}, got {batch_size}." if limit else f"must be at least 1, got {batch_size}.",
         )
     if n_best is not None:
         translator.n_best_strings(tf.constant([], tf.string), n_best)  # checks n_best before any work
-    sentences = list(sentences)
-    chunks = even_batches(length_order(sentences), batch_size, workers)
-    results = [None] * len(sentences)
-    bar = keras.utils.Progbar(len(sentences), unit_name="sentence") if progress else None
+
+
+def _decode(pool, translator, sentences, order, batch_size, workers, n_best):
+    """Yields, batch by batch in submission order, `[(row, (text, score)), ...]` of the sentences `order` names."""
+    import tensorflow as tf
 
     def run(rows):
         inputs = tf.constant([sentences[i] for i in rows], tf.string)
@@ -124,18 +228,24 @@ def translate_in_batches(
 
     # All batches go to the pool at once: a `tf.function` traces under a lock, so the first
     # calls of two threads trace it once.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        for rows, out in pool.map(run, chunks):
-            for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy()):
-                results[row] = _decoded(text, score)
-            if bar is not None:
-                # Keras' Progbar writes to stdout, which holds the translations.
-                with contextlib.redirect_stdout(sys.stderr):
-                    bar.add(len(rows))
-    if n_best is not None:
-        return [list(zip(*result)) for result in results]
-    translations, scores = [r[0] for r in results], [r[1] for r in results]
-    return (translations, scores) if return_scores else translations
+    for rows, out in pool.map(run, even_batches(order, batch_size, workers)):
+        yield [
+            (row, _decoded(text, score))
+            for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy())
+        ]
+
+
+def _progress_bar(count):
+    import keras
+
+    return keras.utils.Progbar(count, unit_name="sentence")
+
+
+def _advance(bar, count):
+    if bar is not None:
+        # Keras' Progbar writes to stdout, which holds the translations.
+        with contextlib.redirect_stdout(sys.stderr):
+            bar.add(count)
 
 
 def _decoded(text, score):

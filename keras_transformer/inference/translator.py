@@ -25,6 +25,7 @@ Defined answers for awkward input (no crash, no hang):
 import logging
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
@@ -154,6 +155,10 @@ class Translator(tf.Module):
         byte-order mark, runs of spaces and tabs as one space, no whitespace at either end (Unicode's too)."""
         sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
         return normalize_in_graph(tf.strings.regex_replace(sentences, "^\ufeff", ""))
+
+    def source_pieces(self, sentences):
+        """The subword count of each sentence (a list of str) as `source_ids` reads it, before truncation."""
+        return count_source_pieces(self.tokenizer, sentences)
 
     def source_ids(self, sentences):
         """Sentences `[N]` -> 0-padded source ids `[N, S]`: `normalized`, subwords, truncated, then EOS."""
@@ -324,8 +329,21 @@ class SavedModelTranslator:
         self._loaded = tf.saved_model.load(self.path)
         self._serve = self._loaded.signatures[SIGNATURE_NAME]
         self.max_batch_size = None  # a SavedModel not written by keras-transformer
+        self.max_input_length = None
+        self._tokenizer = None
         if is_export_dir(self.path):
-            self.max_batch_size = read_export_info(self.path).get("decoding", {}).get("max_batch_size")
+            decoding = read_export_info(self.path).get("decoding", {})
+            self.max_batch_size = decoding.get("max_batch_size")
+            self.max_input_length = decoding.get("max_input_length")
+
+    def source_pieces(self, sentences):
+        """The subword count of each sentence, by the export's own vocabulary (`assets/spm.model`)."""
+        if self._tokenizer is None:
+            from keras_transformer.data.tokenizer import Tokenizer
+            from keras_transformer.run_dir import TOKENIZER_FILENAME
+
+            self._tokenizer = Tokenizer(os.path.join(self.path, "assets", TOKENIZER_FILENAME))
+        return count_source_pieces(self._tokenizer, sentences)
 
     def translate_strings(self, inputs):
         return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
@@ -356,6 +374,23 @@ class SavedModelTranslator:
     ):
         """As `Translator.translate`, through the same batching (`batching.translate_in_batches`)."""
         return translate_in_batches(self, sentences, batch_size, progress, return_scores, workers, n_best)
+
+
+def count_source_pieces(tokenizer, sentences):
+    """The subword count of each of `sentences` (list of str), normalized as the translators read them.
+
+    Example:
+        >>> from keras_transformer.data.corpora import read_lines
+        >>> from keras_transformer.data.tokenizer import train_tokenizer
+        >>> import tempfile
+        >>> tokenizer = train_tokenizer(read_lines("train", "en")[:500], tempfile.mkdtemp() + "/spm", vocab_size=400)
+        >>> counts = count_source_pieces(tokenizer, ["A dog.", "  ", "A dog runs on the beach."])
+        >>> int(counts[1]), bool(counts[2] > counts[0] > 0)
+        (0, True)
+    """
+    if not sentences:
+        return np.zeros([0], np.int64)
+    return tokenizer.tokenize(Translator.normalized(tf.constant(sentences, tf.string))).row_lengths().numpy()
 
 
 def resolve_saved_model_dir(path):
