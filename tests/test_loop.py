@@ -314,9 +314,11 @@ def test_a_signal_stops_training_with_a_checkpoint_that_resumes_exactly(tmp_path
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_run_without_its_backup_resumes_from_its_newest_checkpoint_and_deletes_none(tmp_path, spm500, capsys):
+@pytest.mark.parametrize("ema", [None, 0.9])
+def test_a_run_without_its_backup_resumes_from_its_newest_checkpoint_and_deletes_none(tmp_path, spm500, capsys, ema):
     """With `backup/` gone, the run goes on from its newest checkpoint with a new optimizer state,
-    the schedule at that step; no checkpoint is deleted (it used to start at step 0 and delete them all)."""
+    the schedule at that step (with `ema`, an average starting from the checkpoint's weights);
+    no checkpoint is deleted."""
     options = dict(
         preset="tiny",
         vocab_size=500,
@@ -329,6 +331,7 @@ def test_a_run_without_its_backup_resumes_from_its_newest_checkpoint_and_deletes
         verbose=0,
         overrides=TINY_NET,
         keep_checkpoints=10,
+        ema=ema,
     )
     run_dir = new_run_dir(tmp_path / "run", spm500)
     training.train(training.TrainingArgs(output=str(run_dir), max_steps=6, **options))
@@ -341,6 +344,16 @@ def test_a_run_without_its_backup_resumes_from_its_newest_checkpoint_and_deletes
     assert [step for step, _ in training.list_checkpoints(run_dir)] == [3, 6, 9]
     # The optimizer's step (and so the learning rate of §5.3) went on from 6.
     assert json.loads((run_dir / "backup" / "state.json").read_text())["iterations"] == 9
+    if ema:
+        # The final model, the moving average, is a mean of the weights since step 6 (it starts
+        # from the checkpoint's weights, not from those the model was built with).
+        checkpoints = dict(training.list_checkpoints(run_dir))
+        at_6, at_9 = (run_layout.build_model(resumed.model.config) for _ in range(2))
+        at_6.load_weights(checkpoints[6])
+        at_9.load_weights(checkpoints[9])
+        moved = sum(np.abs(a - b).max() for a, b in zip(at_6.get_weights(), at_9.get_weights()))
+        off = sum(np.abs(a - b).max() for a, b in zip(resumed.model.get_weights(), at_9.get_weights()))
+        assert off <= moved, (off, moved)
 
 
 def test_time_budget_stops_at_a_checkpoint_and_counts_over_resumes(tmp_path, spm500, capsys, monkeypatch):

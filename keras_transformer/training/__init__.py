@@ -23,6 +23,8 @@ Modules:
 - `stream`: the training batches as a deterministic, resumable stream.
 - `run`: one process's run directory, checkpoints, backup and logs.
 - `lock`: one training process per run directory.
+- `inputs`: the data files checked before anything is written; the
+  vocabulary tied to the data it was learned on.
 - `callbacks`: progress, checkpoints, time budget, CSV and TensorBoard logs.
 - `averaging`: checkpoint averaging (§6.1).
 - `curves`: `curves.png`.

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import warnings
@@ -58,6 +57,7 @@ from keras_transformer.training.inputs import check_inputs, tie_vocabulary_to_da
 from keras_transformer.training.options import TrainingArgs, TrainingResult
 from keras_transformer.training.run import ResumePoint, Run, check_resume_config, load_resume_point
 from keras_transformer.training.stream import TrainingData
+from keras_transformer.training.stream import fit_plan as _fit_plan
 from keras_transformer.training.validation_bleu import ValidationBleu, read_validation_texts
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,14 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
     (`TrainingData.stream`). A resume with options that would change the experiment
     (`options.RESUME_FIXED`, the model config) is refused.
 
+    Nothing is lost: the data files are checked before anything is written
+    (`inputs.check_inputs`), and a start that fails removes the directory it
+    created; one process at a time trains a run directory (`training.lock`);
+    a backup that is missing or corrupt (its checksum) gives way to the newest
+    intact checkpoint, with a new optimizer state (`Run.find_resume_point`),
+    and no checkpoint is deleted but the run's own older ones; SIGINT and
+    SIGTERM stop training at the end of the step, with a checkpoint.
+
     Args:
         args: a `TrainingArgs`.
         callbacks: extra Keras callbacks for `fit`.
@@ -110,6 +118,14 @@ def train(args: TrainingArgs, callbacks: Sequence = (), strategy=None) -> Traini
 
     Returns:
         a `TrainingResult`.
+
+    Raises:
+        ParameterError: an option or data file that cannot be used (named by
+            its parameter: `data`, `output`, ...).
+        training.lock.RunInUseError: another process trains in `args.output`.
+        training.run.ResumeError: the run cannot go on from what its directory holds.
+        training.callbacks.TrainingInterrupted: SIGINT or SIGTERM stopped
+            training (a `KeyboardInterrupt`), after a checkpoint.
     """
     if strategy is None:
         strategy = strategies.get_strategy()
@@ -460,35 +476,3 @@ def _finish(state, monitor):
         best_val_bleu=validator.best if validator else None,
         is_chief=run.is_chief,
     )
-
-
-def _fit_plan(step, total_steps, steps_per_epoch, steps_per_execution=1):
-    """`fit` calls `(initial_epoch, epochs, steps_per_epoch)` from `step` to `total_steps`.
-
-    Keras epochs have a fixed number of steps, so a run resumed inside an epoch
-    first finishes that epoch in a `fit` call of its own; a last, partial epoch
-    is cut by the monitor's stop at `total_steps`. With `steps_per_execution`
-    > 1, one call per epoch, each with its exact number of steps (`_fit` ends
-    each call's data there: Keras would otherwise run the last execution of an
-    epoch whole, past the epoch's end or `total_steps`).
-    """
-    if steps_per_execution > 1:
-        plan = []
-        while step < total_steps:
-            epoch, into = divmod(step, steps_per_epoch)
-            steps = min(steps_per_epoch - into, total_steps - step)
-            plan.append((epoch, epoch + 1, steps))
-            step += steps
-        return plan
-    plan = []
-    epoch, into = divmod(step, steps_per_epoch)
-    if into:
-        left = min(steps_per_epoch - into, total_steps - step)
-        plan.append((epoch, epoch + 1, left))
-        step += left
-        epoch += 1
-    if step < total_steps:
-        last_epoch = math.ceil(total_steps / steps_per_epoch)
-        per_epoch = steps_per_epoch if last_epoch - epoch > 1 else total_steps - step
-        plan.append((epoch, last_epoch, per_epoch))
-    return plan

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 
 import numpy as np
 import tensorflow as tf
@@ -213,3 +214,35 @@ class TrainingData:
             raise ValueError("The validation split has no sentence pairs within max_length.")
         dataset = functools.reduce(lambda a, b: a.concatenate(b), batches)
         return dataset.with_options(self.options)
+
+
+def fit_plan(step, total_steps, steps_per_epoch, steps_per_execution=1):
+    """`fit` calls `(initial_epoch, epochs, steps_per_epoch)` from `step` to `total_steps`.
+
+    Keras epochs have a fixed number of steps, so a run resumed inside an epoch
+    first finishes that epoch in a `fit` call of its own; a last, partial epoch
+    is cut by the monitor's stop at `total_steps`. With `steps_per_execution`
+    > 1, one call per epoch, each with its exact number of steps (`loop._fit` ends
+    each call's data there: Keras would otherwise run the last execution of an
+    epoch whole, past the epoch's end or `total_steps`).
+    """
+    if steps_per_execution > 1:
+        plan = []
+        while step < total_steps:
+            epoch, into = divmod(step, steps_per_epoch)
+            steps = min(steps_per_epoch - into, total_steps - step)
+            plan.append((epoch, epoch + 1, steps))
+            step += steps
+        return plan
+    plan = []
+    epoch, into = divmod(step, steps_per_epoch)
+    if into:
+        left = min(steps_per_epoch - into, total_steps - step)
+        plan.append((epoch, epoch + 1, left))
+        step += left
+        epoch += 1
+    if step < total_steps:
+        last_epoch = math.ceil(total_steps / steps_per_epoch)
+        per_epoch = steps_per_epoch if last_epoch - epoch > 1 else total_steps - step
+        plan.append((epoch, last_epoch, per_epoch))
+    return plan
