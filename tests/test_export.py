@@ -369,9 +369,9 @@ def test_cli_export(run_dir, tmp_path):
     with open(os.path.join(base, "5", "assets", "export.json")) as f:
         info = json.load(f)
     assert info["decoding"]["beam_size"] == 2
-    # The flags left out take §6.1's values and "auto" for a run directory.
+    # The flags left out take §6.1's values, and train's float32 for a run directory.
     assert (info["decoding"]["alpha"], info["decoding"]["early_stopping"]) == (0.6, "exact")
-    assert info["precision_choice"].startswith("auto:")
+    assert (info["precision"], info["precision_choice"]) == ("float32", None)
     # An existing version is a clear error, not a traceback.
     with pytest.raises(SystemExit, match="already exists"):
         cli.main(["export", run_dir, "--output", base, "--version", "5"])

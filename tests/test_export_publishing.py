@@ -39,13 +39,14 @@ def test_a_version_that_appears_during_the_export_is_not_replaced(tiny_run_dir, 
 
     def other_export_lands(work_dir):
         real_check(work_dir)
-        (base / "1").mkdir()
+        (base / "1" / "assets").mkdir(parents=True)
+        (base / "1" / "assets" / "export.json").write_text("{}")  # an export: --overwrite may replace it
         (base / "1" / "OTHER_EXPORT").write_text("kept")
 
     monkeypatch.setattr(saved_model, "check_serving_ops", other_export_lands)
     with pytest.raises(FileExistsError, match="written while this export ran"):
         export_saved_model(tiny_run_dir, str(base), max_extra_length=EXTRA, dtype="float32", warmup_sentences=None)
-    assert sorted(os.listdir(base)) == ["1"] and os.listdir(base / "1") == ["OTHER_EXPORT"]  # no temporary left
+    assert sorted(os.listdir(base)) == ["1"] and sorted(os.listdir(base / "1")) == ["OTHER_EXPORT", "assets"]
 
     monkeypatch.setattr(saved_model, "check_serving_ops", real_check)
     path = export_saved_model(

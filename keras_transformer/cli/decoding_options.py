@@ -86,6 +86,12 @@ def add_model_options(parser):
         help=f"the most sentences per decoding call (default {DEFAULT_TRANSLATE_BATCH_SIZE})",
     )
     parser.add_argument(
+        "--trust-model",
+        action="store_true",
+        help="load a SavedModel whose graph reads or writes files or runs Python (default: refused; a "
+        "keras-transformer export holds none of those ops)",
+    )
+    parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -111,6 +117,8 @@ def translator_from_args(args):
         sampling = dict(
             top_k=0 if top_k is None else top_k, temperature=1.0 if temperature is None else temperature, seed=args.seed
         )
+    if not args.trust_model:
+        refuse_unsafe_saved_model(args.model)
     with _loading_errors(args.model):
         return load_translator(
             args.model,
@@ -121,6 +129,26 @@ def translator_from_args(args):
             args.precision,
             checkpoint=args.checkpoint,
             sampling=sampling,
+        )
+
+
+def refuse_unsafe_saved_model(path):
+    """Refuses the SavedModel at `path` (a run directory passes) if its graph touches files or runs Python.
+
+    Raises:
+        CommandError: naming the ops found (`inference.export_dirs.unsafe_ops`) and `--trust-model`.
+    """
+    from keras_transformer.inference.export_dirs import unsafe_ops
+    from keras_transformer.inference.translator import is_saved_model, resolve_saved_model_dir
+
+    if not is_saved_model(path):
+        return
+    found = unsafe_ops(resolve_saved_model_dir(path))
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise CommandError(
+            f"--model {path}: its graph holds {shown}: ops that read or write files or run Python; "
+            "refused; give --trust-model to run it anyway."
         )
 
 

@@ -68,6 +68,7 @@ import tensorflow as tf
 from keras_transformer import compat
 from keras_transformer.inference.export_dirs import (
     INFO_FILENAME,
+    check_replaceable,
     is_export_dir,
     list_versions,
     next_version,
@@ -219,7 +220,7 @@ def export_run(
         `output_dir/<version>` (str).
 
     Raises:
-        FileExistsError: `version` exists and `overwrite` is False.
+        FileExistsError: `version` exists and `overwrite` is False, or is no export.
         FileNotFoundError: `run_dir` is no directory.
         ValueError: `run_dir` is a SavedModel not written by this package, or
             a base directory of exported versions.
@@ -275,7 +276,7 @@ def reexport(
         `output_dir/<version>` (str).
 
     Raises:
-        FileExistsError: `version` exists and `overwrite` is False.
+        FileExistsError: `version` exists and `overwrite` is False, or is no export.
         ValueError: the export's variables do not match its model
             (`load_export`), or a recorded N exceeds a new, smaller beam.
     """
@@ -307,7 +308,7 @@ def export_translator(
             e.g. `saved_models/multi30k_en_de`; created if needed.
         version: integer version; default: highest existing version + 1 (1 for
             a new directory).
-        overwrite: replace an existing `version` instead of raising.
+        overwrite: replace an existing `version` (an export only) instead of raising.
         n_best: also export the signature "translate_n_best": inputs
             tf.string [B] -> translations tf.string [B, n_best] and scores
             float32 [B, n_best], best first (n_best at most the beam size);
@@ -394,6 +395,7 @@ def _new_version(output_dir, version, overwrite):
             f"{final_dir} already exists; pick another version, leave it out for the next free one "
             f"({next_version(output_dir)}), or pass overwrite=True."
         )
+    check_replaceable(final_dir)
     return version
 
 
