@@ -147,7 +147,8 @@ def training_args(seed, output, limit=None):
             steps = json.load(f)["data"]["steps_per_epoch"]
     else:
         steps = epoch_length(args)
-    return dataclasses.replace(args, checkpoint_every=steps, validate_every=1)
+    # One checkpoint per epoch and no others: the last 10 are the last 10 epochs, as published.
+    return dataclasses.replace(args, checkpoint_every=steps, checkpoint_minutes=None, validate_every=1)
 
 
 def translate_and_score(translator, output, split, limit=None):
