@@ -34,7 +34,7 @@ def test_every_command_has_a_description_and_every_flag_its_default():
 def test_train_epochs_help_says_what_it_trains():
     train = subcommands()["train"]
     epochs = next(a for a in train._actions if "--epochs" in a.option_strings)
-    assert "default: 10 when --max-steps is not given" in epochs.help and "None" not in epochs.help
+    assert "(default 10 when --max-steps is not given)" in epochs.help and "None" not in epochs.help
 
 
 def test_train_and_export_share_the_precision_default():

@@ -99,3 +99,19 @@ def test_a_transformer_file_loads_after_only_import_keras_transformer(tiny_run_d
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.splitlines()[-1] == "keras_transformer.model Transformer"
+
+
+def test_loading_a_model_prints_no_native_logs_but_python_warnings(tiny_run_dir, tmp_path):
+    """SentencePiece logs from C++ as it reads a vocabulary; Python's warnings still show meanwhile."""
+    from keras_transformer.inference.saved_model import export_saved_model
+
+    proc = run_command(["translate", "--model", tiny_run_dir, "--max-extra-length", "2", "A dog."])
+    assert (proc.returncode, proc.stderr) == (0, "")
+    proc = run_command(["--verbose-tf", "translate", "--model", tiny_run_dir, "--max-extra-length", "2", "A dog."])
+    assert proc.returncode == 0 and "normalizer.cc" in proc.stderr
+    path = export_saved_model(
+        tiny_run_dir, str(tmp_path / "export"), beam_size=1, max_extra_length=2, dtype="float32", warmup_sentences=None
+    )
+    proc = run_command(["translate", "--model", path, "--beam", "2", "A dog."])
+    assert proc.returncode == 0
+    assert proc.stderr == f"{path} is a SavedModel: decoding options were fixed at export; ignoring the ones given.\n"

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import sys
 
+from keras_transformer.cli import startup
 from keras_transformer.cli.errors import (
     DEBUG_ENVIRONMENT,
     INTERRUPTED,
@@ -155,7 +156,8 @@ def main(argv=None):
         print(f"keras-transformer {VERSION}")
         return 0
     try:
-        if not tensorflow_logs_requested(argv):
+        startup.native_logs_shown = tensorflow_logs_requested(argv)
+        if not startup.native_logs_shown:
             import_tensorflow_quietly()
         parser = build_parser()
         if not argv:  # a bare command: the commands and what they do

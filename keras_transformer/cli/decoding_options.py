@@ -5,6 +5,7 @@ import contextlib
 import os
 
 from keras_transformer.cli.errors import CommandError
+from keras_transformer.cli.startup import native_logs_silenced
 from keras_transformer.cli.threads import set_pools_for
 from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
@@ -164,11 +165,15 @@ def run_translator_from_args(args, **options):
 
 @contextlib.contextmanager
 def _loading_errors(path):
-    """A `CommandError` (one line) instead of a traceback when the model at `path` cannot be loaded."""
+    """A `CommandError` (one line) instead of a traceback when the model at `path` cannot be loaded.
+
+    The C++ logging of the loading (SentencePiece's) is silenced (`startup.native_logs_silenced`).
+    """
     import tensorflow as tf
 
     try:
-        yield
+        with native_logs_silenced():
+            yield
     except ParameterError:
         raise  # named by its flag (`cli.main`)
     except (FileNotFoundError, ValueError) as error:

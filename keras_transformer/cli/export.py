@@ -5,6 +5,7 @@ import sys
 from keras_transformer.cli.decoding_options import add_search_options
 from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.model_flag import add_model_flag, model_path
+from keras_transformer.cli.startup import native_logs_silenced
 from keras_transformer.cli.text_files import read_lines
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
@@ -103,21 +104,22 @@ def run(args):
     if precision is None and not is_export_dir(source):
         precision = RUN_EXPORT_PRECISION
     try:
-        path = export_saved_model(
-            source,
-            args.output,
-            version=args.version,
-            beam_size=args.beam,
-            alpha=args.alpha,
-            max_extra_length=args.max_extra_length,
-            overwrite=args.overwrite,
-            max_input_length=args.max_input_length,
-            checkpoint=args.checkpoint,
-            early_stopping=args.early_stopping,
-            dtype=precision,
-            n_best=args.n_best,
-            warmup_sentences=warmup_sentences,
-        )
+        with native_logs_silenced():
+            path = export_saved_model(
+                source,
+                args.output,
+                version=args.version,
+                beam_size=args.beam,
+                alpha=args.alpha,
+                max_extra_length=args.max_extra_length,
+                overwrite=args.overwrite,
+                max_input_length=args.max_input_length,
+                checkpoint=args.checkpoint,
+                early_stopping=args.early_stopping,
+                dtype=precision,
+                n_best=args.n_best,
+                warmup_sentences=warmup_sentences,
+            )
     except ParameterError:
         raise  # named by its flag (`cli.main`)
     except FileExistsError as error:

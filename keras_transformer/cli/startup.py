@@ -15,6 +15,7 @@ import: errors, warnings and progress bars still show.
 leaves TensorFlow's logging as TensorFlow sets it.
 """
 
+import contextlib
 import os
 import sys
 
@@ -46,6 +47,46 @@ def global_flags(argv):
 def tensorflow_logs_requested(argv):
     """True when `--verbose-tf` precedes the command or `KERAS_TRANSFORMER_TF_LOGS` is set (not "" or "0")."""
     return TF_LOGS_FLAG in global_flags(argv) or os.environ.get(TF_LOGS_ENVIRONMENT, "").strip() not in ("", "0")
+
+
+# Set by `keras_transformer.cli.main`: TensorFlow's (and SentencePiece's) C++ logging is shown as they print it.
+native_logs_shown = False
+_python_stderr = None  # Python's stderr while fd 2 is silenced: a stream on a duplicate of the real fd 2
+
+
+@contextlib.contextmanager
+def native_logs_silenced():
+    """While the block runs, what C++ code writes to fd 2 is dropped; what Python writes to `sys.stderr` is not.
+
+    Loading a model logs from C++ too (SentencePiece's "normalizer.cc ...
+    precompiled_charsmap is empty" for each vocabulary it reads). Python's
+    warnings, log records and errors meanwhile go to the real stderr,
+    through a stream on a duplicate of it. Nothing is silenced when the
+    logs were asked for (`native_logs_shown`), or when `sys.stderr` is not
+    the process's fd 2 (a test capturing it).
+    """
+    global _python_stderr
+    try:
+        real = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        real = False
+    if native_logs_shown or not real:
+        yield
+        return
+    sys.stderr.flush()
+    if _python_stderr is None:  # kept open: a handler that took `sys.stderr` meanwhile keeps writing to it
+        _python_stderr = open(os.dup(2), "w", encoding=sys.stderr.encoding, errors="backslashreplace", buffering=1)
+    saved, null, previous = os.dup(2), os.open(os.devnull, os.O_WRONLY), sys.stderr
+    os.dup2(null, 2)
+    sys.stderr = _python_stderr
+    try:
+        yield
+    finally:
+        _python_stderr.flush()
+        sys.stderr = previous
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def import_tensorflow_quietly():

@@ -211,7 +211,7 @@ def _add_schedule_flags(parser, d):
         "--epochs",
         type=int,
         default=d.epochs,
-        help="passes over the training data (default: "
+        help="passes over the training data (default "
         + (f"{d.epochs})" if d.epochs else f"{DEFAULT_EPOCHS} when --max-steps is not given)"),
     )
     schedule.add_argument(

@@ -5,6 +5,7 @@ import sys
 
 from keras_transformer.cli.decoding_options import add_model_options, translator_from_args
 from keras_transformer.cli.errors import CommandError
+from keras_transformer.cli.startup import native_logs_silenced
 from keras_transformer.cli.text_files import read_lines, read_stdin_lines
 from keras_transformer.errors import ParameterError
 
@@ -72,7 +73,9 @@ def run(args):
     sentences = read_sentences(args)
     from keras_transformer.inference.batching import translate_stream, truncated_sentences
 
-    report_truncated(args, truncated_sentences(translator, sentences), translator.max_input_length)
+    with native_logs_silenced():  # a SavedModel's vocabulary is read here
+        truncated = truncated_sentences(translator, sentences)
+    report_truncated(args, truncated, translator.max_input_length)
     results = translate_stream(
         translator,
         sentences,
