@@ -115,3 +115,16 @@ def test_loading_a_model_prints_no_native_logs_but_python_warnings(tiny_run_dir,
     proc = run_command(["translate", "--model", path, "--beam", "2", "A dog."])
     assert proc.returncode == 0
     assert proc.stderr == f"{path} is a SavedModel: decoding options were fixed at export; ignoring the ones given.\n"
+
+
+def test_train_prints_nothing_on_stderr(spm500, tmp_path):
+    """A short run of the tiny preset (its vocabulary given): progress on stdout, and no native logs on stderr."""
+    import shutil
+
+    (tmp_path / "run").mkdir()
+    shutil.copy(spm500, tmp_path / "run" / "spm.model")
+    argv = ["train", "--preset", "tiny", "--max-steps", "1", "--validation-split", "none", "--vocab-size", "500"]
+    proc = run_command([*argv, "--output", str(tmp_path / "run")])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert "Training tiny model" in proc.stdout

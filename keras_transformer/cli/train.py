@@ -10,6 +10,7 @@ import json
 import os
 
 from keras_transformer.cli.errors import CommandError
+from keras_transformer.cli.startup import native_logs_silenced
 from keras_transformer.config import PRESETS
 from keras_transformer.training.options import PRECISION_CHOICES, TrainingArgs
 
@@ -35,7 +36,8 @@ def run(namespace):
     check_data_files(args)  # before the run directory is made
     from keras_transformer.training import train
 
-    result = train(args)
+    with native_logs_silenced():  # the C++ logging of the libraries (SentencePiece's); Python's output shows
+        result = train(args)
     return 1 if result.stopped_on_nan else 0
 
 
