@@ -61,23 +61,33 @@ def test_every_command_help_says_how_to_get_the_logs_back():
     assert "--verbose-tf" in parser.format_help()
 
 
-def test_version_is_fast_and_loads_no_tensorflow():
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], []], ids=["version", "help", "bare"])
+def test_version_and_the_help_are_fast_and_load_no_tensorflow(argv):
     code = (
         "import sys\n"
         "from keras_transformer import cli\n"
         "try:\n"
-        "    cli.main(['--version'])\n"
+        f"    cli.main({argv!r})\n"
         "finally:\n"
         "    print('tensorflow' in sys.modules, 'keras' in sys.modules)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=QUIET_ENV, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "keras-transformer 0.3.0\nFalse False\n"
+    assert proc.stdout.endswith("\nFalse False\n")
     start = time.monotonic()
-    proc = run_command(["--version"])
+    proc = run_command(argv)
     elapsed = time.monotonic() - start
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "keras-transformer 0.3.0\n", "")
-    assert elapsed < 5  # a ceiling far above the interpreter's start, far below TensorFlow's import
+    assert (proc.returncode, proc.stderr) == (0, "")
+    if argv == ["--version"]:
+        assert proc.stdout == "keras-transformer 0.3.0\n"
+    assert elapsed < 5  # only catches a hang: that TensorFlow is not loaded is the check
+
+
+def test_the_commands_help_is_the_full_parsers():
+    """`--help` answers from `cli.commands`; the full parser (a command's --help) shows the same lines."""
+    from keras_transformer import cli
+
+    assert cli.build_parser(commands_only=True).format_help() == cli.build_parser().format_help()
 
 
 def test_a_bare_command_prints_the_help():

@@ -112,7 +112,7 @@ def test_cli_help_loads_no_library_the_package_does_not():
     result = loaded_modules(
         "from keras_transformer import cli\n"
         "try:\n"
-        "    cli.main(['--help'])\n"
+        "    cli.main(['translate', '--help'])\n"
         "    code = 'returned'\n"
         "except SystemExit as e:\n"
         "    code = e.code\n" + print_modules("code")

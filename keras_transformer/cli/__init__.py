@@ -2,8 +2,9 @@
 
 Each command module has `register(subparsers)`, which adds its parser (with
 `func` set to its `run`), and `run(args)`, which imports what the command
-needs and returns an exit code. `main` first answers `--version` (without
-loading TensorFlow), then loads TensorFlow with its start-up logging
+needs and returns an exit code. `main` answers `--version`, `--help` and a
+bare `keras-transformer` from `cli.commands` alone (without loading
+TensorFlow); otherwise it loads TensorFlow with its start-up logging
 silenced (`cli.startup`), then registers the commands. Registering imports
 the modules that define the flags' defaults and choices (the decoding
 defaults load the model's package, Keras and TensorFlow), but none of a
@@ -17,6 +18,7 @@ import importlib
 import sys
 
 from keras_transformer.cli import startup
+from keras_transformer.cli.commands import COMMAND_HELP, COMMANDS
 from keras_transformer.cli.errors import (
     DEBUG_ENVIRONMENT,
     INTERRUPTED,
@@ -27,6 +29,7 @@ from keras_transformer.cli.errors import (
     fail,
 )
 from keras_transformer.cli.startup import (
+    TF_LOGS_ENVIRONMENT,
     TF_LOGS_HELP,
     VERSION,
     global_flags,
@@ -36,15 +39,7 @@ from keras_transformer.cli.startup import (
 from keras_transformer.errors import ParameterError
 
 # Command modules, in the order of --help.
-COMMAND_MODULES = (
-    "keras_transformer.cli.train",
-    "keras_transformer.cli.average",
-    "keras_transformer.cli.translate",
-    "keras_transformer.cli.evaluate",
-    "keras_transformer.cli.score",
-    "keras_transformer.cli.attention",
-    "keras_transformer.cli.export",
-)
+COMMAND_MODULES = tuple(module for module, _ in COMMANDS.values())
 
 
 # The flags that set the library's parameters, per command: a `ParameterError` names the parameter, the
@@ -121,7 +116,11 @@ ERRORS_HELP = (
 )
 
 
-def build_parser():
+def build_parser(commands_only=False):
+    """The command line's parser; with `commands_only`, its commands have no flags (enough for `--help`).
+
+    `commands_only` loads no command module, so neither Keras nor TensorFlow.
+    """
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
         description="Train, evaluate, inspect and export the Transformer of Vaswani et al. (2017).",
@@ -129,7 +128,10 @@ def build_parser():
     )
     parser.add_argument("--version", action="version", version=f"keras-transformer {VERSION}")
     parser.add_argument(
-        "--verbose-tf", action="store_true", help=f"show TensorFlow's start-up logging ({TF_LOGS_HELP})"
+        "--verbose-tf",
+        action="store_true",
+        help="show the C++ logging of TensorFlow and SentencePiece, silenced by default "
+        f"(also: {TF_LOGS_ENVIRONMENT}=1)",
     )
     parser.add_argument(
         "--debug",
@@ -137,6 +139,10 @@ def build_parser():
         help=f"print the traceback of an error as well as its one line (also: {DEBUG_ENVIRONMENT}=1)",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if commands_only:
+        for name, help in COMMAND_HELP.items():
+            subparsers.add_parser(name, help=help)
+        return parser
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
     for command in subparsers.choices.values():
@@ -155,15 +161,14 @@ def main(argv=None):
     if global_flags(argv) == ["--version"]:  # answered before anything loads TensorFlow
         print(f"keras-transformer {VERSION}")
         return 0
+    if global_flags(argv) == argv and (not argv or {"-h", "--help"} & set(argv)):  # the commands, not one
+        build_parser(commands_only=True).print_help()
+        return 0
     try:
         startup.native_logs_shown = tensorflow_logs_requested(argv)
         if not startup.native_logs_shown:
             import_tensorflow_quietly()
-        parser = build_parser()
-        if not argv:  # a bare command: the commands and what they do
-            parser.print_help()
-            return 0
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except KeyboardInterrupt:  # while TensorFlow and the commands' modules load
         fail(None, "interrupted.", INTERRUPTED, debug_requested())
     debug = debug_requested(args.debug)

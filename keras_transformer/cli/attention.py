@@ -2,6 +2,7 @@
 
 import os
 
+from keras_transformer.cli.commands import COMMAND_HELP
 from keras_transformer.cli.decoding_options import add_search_options, run_translator_from_args
 from keras_transformer.cli.errors import CommandError
 
@@ -9,7 +10,7 @@ from keras_transformer.cli.errors import CommandError
 def register(subparsers):
     parser = subparsers.add_parser(
         "attention",
-        help="plot the attention heads of one layer for a sentence (PNG)",
+        help=COMMAND_HELP["attention"],
         description="Translates SENTENCE with the run --model and draws, for one layer, the "
         "encoder self-attention, decoder self-attention and encoder-decoder attention of each head "
         "(§3.2.3; the paper's Figures 3-5) in one PNG. Prints the translation and the file written.",

@@ -3,6 +3,7 @@
 import os
 import sys
 
+from keras_transformer.cli.commands import COMMAND_HELP
 from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.model_flag import add_model_flag, model_path
 
@@ -10,7 +11,7 @@ from keras_transformer.cli.model_flag import add_model_flag, model_path
 def register(subparsers):
     parser = subparsers.add_parser(
         "average-checkpoints",
-        help="average the last K checkpoints of a run into one model (§6.1)",
+        help=COMMAND_HELP["average-checkpoints"],
         description="Writes the element-wise mean of the weights of the last K checkpoints of the run --model. "
         "Give the output to translate/evaluate/export with --checkpoint.",
     )

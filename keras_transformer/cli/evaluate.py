@@ -2,6 +2,7 @@
 
 import json
 
+from keras_transformer.cli.commands import COMMAND_HELP
 from keras_transformer.cli.decoding_options import add_model_options, translator_from_args
 from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.text_files import read_lines
@@ -11,7 +12,7 @@ from keras_transformer.errors import ParameterError
 def register(subparsers):
     parser = subparsers.add_parser(
         "evaluate",
-        help="corpus sacreBLEU and chrF of a model on a test set, as JSON",
+        help=COMMAND_HELP["evaluate"],
         description="Translates --src (or a shipped Multi30k split) with --model and prints, as JSON on "
         "stdout, the corpus sacreBLEU and chrF against --ref and the lower-cased tokenized BLEU the "
         "paper reports (§6.1), with their sacreBLEU signatures; a progress bar goes to stderr.",

@@ -2,6 +2,7 @@
 
 import sys
 
+from keras_transformer.cli.commands import COMMAND_HELP
 from keras_transformer.cli.decoding_options import add_search_options
 from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.model_flag import add_model_flag, model_path
@@ -17,8 +18,7 @@ RUN_EXPORT_PRECISION = "float32"
 def register(subparsers):
     parser = subparsers.add_parser(
         "export",
-        help="export a run (or re-export an export) as a SavedModel for TensorFlow Serving (strings in, "
-        "translations out)",
+        help=COMMAND_HELP["export"],
         description="Writes OUTPUT/<version>/ (saved_model.pb, variables/, assets/spm.model, assets/export.json, "
         "assets.extra/tf_serving_warmup_requests) "
         "with a 'serving_default' signature: inputs tf.string [None] -> translations tf.string [None], "

@@ -2,6 +2,7 @@
 
 import sys
 
+from keras_transformer.cli.commands import COMMAND_HELP
 from keras_transformer.cli.decoding_options import run_translator_from_args
 from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.text_files import read_lines
@@ -11,7 +12,7 @@ from keras_transformer.errors import ParameterError
 def register(subparsers):
     parser = subparsers.add_parser(
         "score",
-        help="score sentence pairs: the model's log-probability of each target given its source",
+        help=COMMAND_HELP["score"],
         description="Prints one score per line: log P(target | source), summed over the target's tokens and "
         "its end token (--normalize: divided by their number). Needs a training run directory.",
     )

@@ -25,7 +25,8 @@ VERSION = __version__
 TF_LOGS_ENVIRONMENT = "KERAS_TRANSFORMER_TF_LOGS"
 TF_LOGS_FLAG = "--verbose-tf"
 TF_LOGS_HELP = (
-    f"TensorFlow's start-up logging is silenced; --verbose-tf (before COMMAND) or {TF_LOGS_ENVIRONMENT}=1 shows it."
+    "The C++ logging of TensorFlow (its start-up) and SentencePiece is silenced; --verbose-tf (before "
+    f"COMMAND) or {TF_LOGS_ENVIRONMENT}=1 shows it."
 )
 
 

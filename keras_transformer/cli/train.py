@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 
+from keras_transformer.cli.commands import COMMAND_HELP
 from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.startup import native_logs_silenced
 from keras_transformer.config import PRESETS
@@ -20,7 +21,7 @@ DEFAULT_EPOCHS = 10  # what `training` runs with neither --epochs nor --max-step
 def register(subparsers):
     parser = subparsers.add_parser(
         "train",
-        help="train (or continue) a run with model.fit under tf.distribute",
+        help=COMMAND_HELP["train"],
         description=(
             "Trains a Transformer (Vaswani et al., 2017) with the paper's optimizer, schedule and "
             "regularization (§5.3, §5.4) into a run directory. Run the same command again to continue "

@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from keras_transformer.cli.commands import COMMAND_HELP
 from keras_transformer.cli.decoding_options import add_model_options, translator_from_args
 from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.startup import native_logs_silenced
@@ -13,7 +14,7 @@ from keras_transformer.errors import ParameterError
 def register(subparsers):
     parser = subparsers.add_parser(
         "translate",
-        help="translate sentences (arguments, a file, or stdin; one per line)",
+        help=COMMAND_HELP["translate"],
         description="Writes one translation per input line to stdout (an empty line for an empty input), "
         "in input order as they are decoded: a reader of the output sees it grow, and Ctrl-C keeps "
         "what was written. A progress bar, and the inputs longer than the model reads (translated "
