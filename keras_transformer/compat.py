@@ -236,7 +236,7 @@ def serialized_saved_model(export_dir):
     from tensorflow.core.protobuf import saved_model_pb2
 
     proto = saved_model_pb2.SavedModel()
-    with tf.io.gfile.GFile(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+    with tf.io.gfile.GFile(os.path.join(os.fspath(export_dir), "saved_model.pb"), "rb") as f:
         proto.ParseFromString(f.read())
     return proto
 

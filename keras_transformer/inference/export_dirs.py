@@ -17,6 +17,8 @@ import uuid
 
 import tensorflow as tf
 
+from keras_transformer import compat
+
 INFO_FILENAME = "export.json"
 
 
@@ -201,11 +203,7 @@ def unsafe_ops(saved_model_dir):
     Returns:
         A sorted list, empty for a graph that only computes.
     """
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    saved_model = saved_model_pb2.SavedModel()
-    with tf.io.gfile.GFile(os.path.join(os.fspath(saved_model_dir), tf.saved_model.SAVED_MODEL_FILENAME_PB), "rb") as f:
-        saved_model.ParseFromString(f.read())
+    saved_model = compat.serialized_saved_model(saved_model_dir)
     found = set()
     for meta_graph in saved_model.meta_graphs:
         graph = meta_graph.graph_def
