@@ -195,7 +195,7 @@ def machine():
     from keras_transformer.hardware import cpu_flags, cpu_identity
 
     flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
-    return dict(**cpu_identity(), cpu_count=os.cpu_count(), flags=flags)
+    return dict(**cpu_identity(), cpu_count=os.cpu_count(), load_average=list(os.getloadavg()), flags=flags)
 
 
 def versions():
@@ -272,7 +272,10 @@ def summarize(run_dirs, json_path=None, plot_path=None):
     for run_dir in run_dirs:
         with open(os.path.join(run_dir, "reproduction.json"), encoding="utf-8") as f:
             reports.append(json.load(f))
-    summary = {"published": PUBLISHED, "runs": reports}
+    command = "python examples/reproduce_multi30k.py --summarize " + " ".join(run_dirs)
+    command += (f" --json {json_path}" if json_path else "") + (f" --plot {plot_path}" if plot_path else "")
+    summary = dict(command=command, versions=versions(), machine=machine(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    summary.update(published=PUBLISHED, runs=reports)
     for split in ("val", "test2016"):
         values = [r[split]["tok_bleu"] for r in reports]
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
