@@ -61,7 +61,14 @@ def test_every_command_help_says_how_to_get_the_logs_back():
     assert "--verbose-tf" in parser.format_help()
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["--help"], []], ids=["version", "help", "bare"])
+COMMAND_NAMES = ("train", "translate", "evaluate", "score", "attention", "export", "average-checkpoints")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--version"], ["--help"], []] + [[command, "--help"] for command in COMMAND_NAMES],
+    ids=["version", "help", "bare"] + [f"{command}-help" for command in COMMAND_NAMES],
+)
 def test_version_and_the_help_are_fast_and_load_no_tensorflow(argv):
     code = (
         "import sys\n"

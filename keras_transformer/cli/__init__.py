@@ -165,10 +165,10 @@ def main(argv=None):
         build_parser(commands_only=True).print_help()
         return 0
     try:
+        args = build_parser().parse_args(argv)  # `COMMAND --help` and usage errors end here, without TensorFlow
         startup.native_logs_shown = tensorflow_logs_requested(argv)
         if not startup.native_logs_shown:
             import_tensorflow_quietly()
-        args = build_parser().parse_args(argv)
     except KeyboardInterrupt:  # while TensorFlow and the commands' modules load
         fail(None, "interrupted.", INTERRUPTED, debug_requested())
     debug = debug_requested(args.debug)

@@ -61,29 +61,34 @@ The model only needs `encode`, `decode`, `init_cache` and `decode_step` (see
 without `compute_dtype` and `config.d_model` has its batch encoded whole.
 """
 
-from keras_transformer.decoding.defaults import (
-    DEFAULT_ALPHA,
-    DEFAULT_BEAM_SIZE,
-    DEFAULT_EARLY_STOPPING,
-    EARLY_STOPPING,
-    EXTRA_OUTPUT_LENGTH,
-    NEG_INF,
-)
-from keras_transformer.decoding.loops import length_penalty
-from keras_transformer.decoding.scoring import score_outputs
-from keras_transformer.decoding.search import beam_search, greedy_search, make_decode_fn, sampling_search
+import importlib
 
-__all__ = [
-    "DEFAULT_ALPHA",
-    "DEFAULT_BEAM_SIZE",
-    "DEFAULT_EARLY_STOPPING",
-    "EARLY_STOPPING",
-    "EXTRA_OUTPUT_LENGTH",
-    "NEG_INF",
-    "beam_search",
-    "greedy_search",
-    "length_penalty",
-    "make_decode_fn",
-    "sampling_search",
-    "score_outputs",
-]
+# Public names and the module that defines each. They are loaded on first use, so that
+# `keras_transformer.decoding.defaults` (whose values the command line's flags show) does not
+# load TensorFlow: `keras-transformer COMMAND --help` answers without it.
+_EXPORTS = {
+    "DEFAULT_ALPHA": "keras_transformer.decoding.defaults",
+    "DEFAULT_BEAM_SIZE": "keras_transformer.decoding.defaults",
+    "DEFAULT_EARLY_STOPPING": "keras_transformer.decoding.defaults",
+    "EARLY_STOPPING": "keras_transformer.decoding.defaults",
+    "EXTRA_OUTPUT_LENGTH": "keras_transformer.decoding.defaults",
+    "NEG_INF": "keras_transformer.decoding.defaults",
+    "beam_search": "keras_transformer.decoding.search",
+    "greedy_search": "keras_transformer.decoding.search",
+    "length_penalty": "keras_transformer.decoding.loops",
+    "make_decode_fn": "keras_transformer.decoding.search",
+    "sampling_search": "keras_transformer.decoding.search",
+    "score_outputs": "keras_transformer.decoding.scoring",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_EXPORTS))
