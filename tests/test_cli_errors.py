@@ -41,9 +41,9 @@ def test_train_refuses_missing_directory_and_empty_data_files_in_one_line(tmp_pa
     (tmp_path / "empty.de").write_text("")
     (tmp_path / "adir").mkdir()
     for files, path, problem in (
-        ("nope.en,nope.de", "nope.en", "no such file"),
-        ("adir,adir", "adir", "is a directory, not a file"),
-        ("empty.en,empty.de", "empty.en", "is empty"),
+        ("nope.en,nope.de", "nope.en", ": no such file"),
+        ("adir,adir", "adir", " is a directory, not a file"),
+        ("empty.en,empty.de", "empty.en", " is empty"),
     ):
         proc = run_command(
             ["train", "--data", f"files:{files}", "--validation-split", "none", "--output", "run"], cwd=tmp_path
@@ -51,14 +51,14 @@ def test_train_refuses_missing_directory_and_empty_data_files_in_one_line(tmp_pa
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr
         assert proc.stderr.splitlines()[-1] == (
-            f"keras-transformer train: --data files:{files}: {path} (train split): {problem}."
+            f"keras-transformer train: --data files:{files}: {path}{problem} (train split)."
         )
         assert not (tmp_path / "run").exists()  # refused before the run directory is made
 
 
 def test_debug_flag_and_environment_add_the_traceback(tmp_path):
     argv = ["train", "--data", "files:nope.en,nope.de", "--validation-split", "none", "--output", "run"]
-    line = "keras-transformer train: --data files:nope.en,nope.de: nope.en (train split): no such file."
+    line = "keras-transformer train: --data files:nope.en,nope.de: nope.en: no such file (train split)."
     for flags, env in ((["--debug"], ENV), ([], dict(ENV, KERAS_TRANSFORMER_DEBUG="1"))):
         proc = run_command(flags + argv, env=env, cwd=tmp_path)
         assert proc.returncode == 2

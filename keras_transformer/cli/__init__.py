@@ -3,14 +3,14 @@
 Each command module has `register(subparsers)`, which adds its parser (with
 `func` set to its `run`), and `run(args)`, which imports what the command
 needs and returns an exit code. `main` answers `--version`, `--help` and a
-bare `keras-transformer` from `cli.commands` alone (without loading
-TensorFlow); otherwise it loads TensorFlow with its start-up logging
-silenced (`cli.startup`), then registers the commands. Registering imports
-the modules that define the flags' defaults and choices (the decoding
-defaults load the model's package, Keras and TensorFlow), but none of a
-command's own modules (the translator, the exports, the data pipeline, the
-training loop) and none of the libraries they need (SentencePiece,
-tensorflow-text, TFDS, sacreBLEU, CTranslate2).
+bare `keras-transformer` from `cli.commands` alone; it parses the command
+line before loading TensorFlow, so that `COMMAND --help` and a usage error
+answer without it too. Registering imports the modules that define the
+flags' defaults and choices, but none of a command's own modules (the
+translator, the exports, the data pipeline, the training loop) and none of
+the libraries they need (TensorFlow, Keras, SentencePiece, tensorflow-text,
+TFDS, sacreBLEU, CTranslate2). Then TensorFlow loads with its start-up
+logging silenced (`cli.startup`), and the command runs.
 """
 
 import argparse
@@ -58,19 +58,7 @@ _MODEL_FLAGS = {
     "batch_size": "--batch-size",
 }
 PARAMETER_FLAGS = {
-    "train": {
-        "time_budget": "--time-budget",
-        "batch_multiple": "--batch-multiple",
-        "batch_tokens": "--batch-tokens",
-        "init_from": "--init-from",
-        "resume_optimizer": "--resume-optimizer",
-        "validate_bleu_every": "--validate-bleu-every",
-        "keep_best": "--keep-best",
-        "early_stopping_patience": "--early-stopping-patience",
-        "validation_split": "--validation-split",
-        "average_last": "--average-last",
-        "average_fraction": "--average-fraction",
-    },
+    "train": {},  # every TrainingArgs field is set by the flag of its name (`parameter_error_message`)
     "average-checkpoints": {},
     "translate": {
         **_MODEL_FLAGS,
@@ -103,6 +91,8 @@ def parameter_error_message(command, args, error):
         '--n-best 2: must be at most 1'
     """
     flag = PARAMETER_FLAGS.get(command, {}).get(error.parameter)
+    if flag is None and command == "train" and hasattr(args, error.parameter):  # TrainingArgs field = flag
+        flag = "--" + error.parameter.replace("_", "-")
     if flag is None:  # a parameter no flag of the command sets: named as the library names it
         return str(error)
     value = getattr(args, flag[2:].replace("-", "_"), None)

@@ -7,10 +7,8 @@ examples use to take the same flags.
 import argparse
 import dataclasses
 import json
-import os
 
 from keras_transformer.cli.commands import COMMAND_HELP
-from keras_transformer.cli.errors import CommandError
 from keras_transformer.cli.startup import native_logs_silenced
 from keras_transformer.config import PRESETS
 from keras_transformer.training.options import PRECISION_CHOICES, TrainingArgs
@@ -34,40 +32,11 @@ def register(subparsers):
 
 def run(namespace):
     args = args_from_namespace(namespace)
-    check_data_files(args)  # before the run directory is made
-    from keras_transformer.training import train
+    from keras_transformer.training import train  # which checks the data files before it makes the run directory
 
     with native_logs_silenced():  # the C++ logging of the libraries (SentencePiece's); Python's output shows
         result = train(args)
     return 1 if result.stopped_on_nan else 0
-
-
-def check_data_files(args):
-    """Refuses, naming the path, a "files:" data file that is missing, a directory, or empty.
-
-    Args:
-        args: the `TrainingArgs` of the run.
-
-    Raises:
-        CommandError: one of the files of the training or validation split cannot be read.
-    """
-    from keras_transformer.data.spec import DataSpec
-
-    spec = DataSpec.parse(args.data)
-    if spec.kind != "files":
-        return
-    splits = ["train"] + ([args.validation_split] if args.validation_split and "{split}" in args.data else [])
-    for split in splits:
-        for path in spec.file_paths(split, args.src, args.tgt):
-            if not os.path.exists(path):
-                problem = "no such file"
-            elif os.path.isdir(path):
-                problem = "is a directory, not a file"
-            elif os.path.getsize(path) == 0:
-                problem = "is empty"
-            else:
-                continue
-            raise CommandError(f"--data {args.data}: {path} ({split} split): {problem}.")
 
 
 def _parse_value(text):

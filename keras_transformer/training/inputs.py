@@ -55,7 +55,7 @@ def check_inputs(args):
             try:
                 described.append(check_text_file(path))
             except ValueError as error:
-                raise ParameterError("data", f"file {error} ({split} split).") from None
+                raise ParameterError("data", f"{error} ({split} split).") from None
         source, target = described
         if source["lines"] != target["lines"]:
             raise ParameterError(
