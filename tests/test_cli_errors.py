@@ -112,6 +112,28 @@ def test_keyboard_interrupt_is_one_line_with_status_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "keras-transformer translate: interrupted.\n"
 
 
+@pytest.mark.parametrize("signal_name, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_training_stopped_by_a_signal_is_one_line_with_its_status(monkeypatch, capsys, signal_name, status):
+    """128 + the signal's number, as shells report it, and how to go on (the checkpoint is tested in test_loop)."""
+    import signal
+
+    from keras_transformer.cli import train
+    from keras_transformer.training.callbacks import TrainingInterrupted
+
+    def stopped(args):
+        raise TrainingInterrupted(getattr(signal, signal_name), 5)
+
+    monkeypatch.setattr(train, "run", stopped)
+    monkeypatch.delenv(errors.DEBUG_ENVIRONMENT, raising=False)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--data", "multi30k", "--output", "run"])
+    assert raised.value.code == status
+    assert capsys.readouterr().err == (
+        f"keras-transformer train: interrupted ({signal_name} at step 5); "
+        "run the same command again to resume from its checkpoint.\n"
+    )
+
+
 def _syscall(pid):
     """The system call the process `pid` is blocked in, as /proc/PID/syscall gives it (None if unreadable)."""
     try:

@@ -81,6 +81,22 @@ PARAMETER_FLAGS = {
 }
 
 
+def interrupted(error):
+    """`(message, exit_status)` for a command a signal stopped: 130 for SIGINT (Ctrl-C), 128 + N for signal N.
+
+    Training stopped by SIGINT or SIGTERM (`training.callbacks.TrainingInterrupted`,
+    which carries the signal and the step it saved) says how to go on.
+
+    Example:
+        >>> interrupted(KeyboardInterrupt())
+        ('interrupted.', 130)
+    """
+    signum = getattr(error, "signal", None)
+    if signum is None:
+        return "interrupted.", INTERRUPTED
+    return f"interrupted ({error}); run the same command again to resume from its checkpoint.", 128 + int(signum)
+
+
 def parameter_error_message(command, args, error):
     """`--flag VALUE: message` for a `ParameterError` that `command` raised, as its error line says it.
 
@@ -102,7 +118,7 @@ def parameter_error_message(command, args, error):
 
 ERRORS_HELP = (
     "Errors are one line on stderr; exit status 2 for bad input or usage, 1 for a failure at run time, "
-    f"130 for Ctrl-C; --debug (before COMMAND) or {DEBUG_ENVIRONMENT}=1 adds the traceback."
+    f"130 for Ctrl-C (128 + N for signal N); --debug (before COMMAND) or {DEBUG_ENVIRONMENT}=1 adds the traceback."
 )
 
 
@@ -145,7 +161,7 @@ def main(argv=None):
 
     A failure prints one line, `keras-transformer COMMAND: what went wrong, and
     where`, and ends with `errors.CommandExit` (a `SystemExit` whose `str()` is
-    `"COMMAND: message"`): status 2 for bad input, 1 at run time, 130 for Ctrl-C.
+    `"COMMAND: message"`): status 2 for bad input, 1 at run time, 130 for Ctrl-C, 143 for SIGTERM.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if global_flags(argv) == ["--version"]:  # answered before anything loads TensorFlow
@@ -164,8 +180,8 @@ def main(argv=None):
     debug = debug_requested(args.debug)
     try:
         return args.func(args) or 0
-    except KeyboardInterrupt:
-        fail(args.command, "interrupted.", INTERRUPTED, debug)
+    except KeyboardInterrupt as error:
+        fail(args.command, *interrupted(error), debug)
     except ParameterError as error:  # a value the library refuses: named by the flag that gave it
         fail(args.command, parameter_error_message(args.command, args, error), USAGE, debug)
     except CommandExit:

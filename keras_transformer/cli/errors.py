@@ -8,7 +8,9 @@ one line and an exit status, as argparse does for a bad flag:
   directory given for a file, an empty file, a model the command cannot use;
 - 1 (`FAILURE`): a failure at run time (a full disk, an error inside
   TensorFlow, a bug);
-- 130 (`INTERRUPTED`): Ctrl-C, as shells report a process SIGINT ended.
+- 130 (`INTERRUPTED`): Ctrl-C, as shells report a process SIGINT ended;
+  128 + N for another signal N (143 for SIGTERM, which stops training
+  after a checkpoint).
 
 The traceback is printed too only when asked for: `keras-transformer --debug
 COMMAND ...` or `KERAS_TRANSFORMER_DEBUG=1` in the environment.
