@@ -62,6 +62,24 @@ def test_pad_to_multiple_of_reaches_the_training_args(argv, multiple):
     assert parsed(argv).pad_to_multiple_of == multiple
 
 
+@pytest.mark.parametrize(
+    "argv, minutes", [([], 10.0), (["--checkpoint-minutes", "0.5"], 0.5), (["--checkpoint-minutes", "none"], None)]
+)
+def test_checkpoint_minutes_reaches_the_training_args(argv, minutes):
+    assert parsed(argv).checkpoint_minutes == minutes
+
+
+def test_a_refused_training_value_is_named_by_its_flag(capsys, monkeypatch):
+    """A `ParameterError` of `TrainingArgs` names the flag of the field (`--checkpoint-minutes`), in one line."""
+    monkeypatch.delenv(cli.DEBUG_ENVIRONMENT, raising=False)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--data", "multi30k", "--output", "run", "--checkpoint-minutes", "-1"])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err == (
+        "keras-transformer train: --checkpoint-minutes -1.0: must be a positive number of minutes or None, got -1.0.\n"
+    )
+
+
 @pytest.mark.parametrize("value", [0, -8, 2.5])
 def test_pad_to_multiple_of_must_be_a_positive_integer(value):
     with pytest.raises(ValueError, match="pad_to_multiple_of must be a positive integer"):

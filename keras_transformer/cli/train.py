@@ -272,6 +272,15 @@ def _add_checkpoint_flags(parser, d):
         help="steps between checkpoints / resume points (default %(default)s)",
     )
     run.add_argument(
+        "--checkpoint-minutes",
+        type=_float_or_none,
+        default=d.checkpoint_minutes,
+        metavar="MINUTES",
+        help="also a checkpoint / resume point once MINUTES of training passed since the last one, so a CPU "
+        "run loses little when stopped (§6.1 saved one every 10 minutes); none: by steps only "
+        "(default %(default)s)",
+    )
+    run.add_argument(
         "--keep-checkpoints",
         type=int,
         default=d.keep_checkpoints,
