@@ -8,6 +8,15 @@ python tests/distributed_worker.py mirrored RUN_DIR SPM_MODEL
     after every step of both runs, the per-replica target-token counts of
     the batches, and the largest weight difference at the end.
 
+python tests/distributed_worker.py gradients RUN_DIR SPM_MODEL
+    Two logical CPU devices. Trains one step of the same tiny model
+    (dropout 0) with MirroredStrategy over the two devices, then on one
+    device, with an optimizer that writes the gradient it applies into
+    each weight (the sum over the replicas, as Keras gives it). Saves
+    RUN_DIR/gradients.npz: those two gradients, the gradient of the mean
+    loss over the global batch's real tokens taken with a tape on one
+    device, and the batch's per-replica target-token counts.
+
 TF_CONFIG=... python tests/distributed_worker.py multiworker RUN_DIR SPM_MODEL
     One worker of a MultiWorkerMirroredStrategy cluster (from TF_CONFIG).
     Trains a few steps; the run directory holds the final weights (the
@@ -49,15 +58,23 @@ def _prepare(run_dir, spm_model):
     shutil.copy(spm_model, os.path.join(run_dir, "spm.model"))  # skip training the vocabulary
 
 
-def mirrored(run_dir, spm_model, steps=6):
+def _two_cpu_devices():
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
     )
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    assert len(devices) == 2, devices
+    return devices
+
+
+def mirrored(run_dir, spm_model, steps=6):
+    devices = _two_cpu_devices()
     import keras
     import numpy as np
+    import tensorflow as tf
 
     from keras_transformer import training
 
@@ -69,8 +86,6 @@ def mirrored(run_dir, spm_model, steps=6):
         def on_train_batch_end(self, batch, logs=None):
             self.losses.append(float(logs["loss"]))
 
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    assert len(devices) == 2, devices
     results = {}
     for name, strategy in (
         ("mirrored", tf.distribute.MirroredStrategy(devices)),
@@ -119,6 +134,64 @@ def mirrored(run_dir, spm_model, steps=6):
         ),
         flush=True,
     )
+
+
+def gradients(run_dir, spm_model):
+    devices = _two_cpu_devices()
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_transformer import data, training
+    from keras_transformer.data.tokenizer import Tokenizer
+    from keras_transformer.losses import LabelSmoothedCrossEntropy
+    from keras_transformer.model import Transformer
+    from keras_transformer.training import loop
+    from keras_transformer.training.stream import TrainingData
+
+    class GradientCapture(keras.optimizers.Optimizer):
+        """Writes the gradient it is given, after Keras's sum over the replicas, into the weight."""
+
+        def update_step(self, gradient, variable, learning_rate):
+            variable.assign(tf.convert_to_tensor(gradient))
+
+    class Weights(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.before = [v.numpy() for v in self.model.trainable_variables]
+
+        def on_train_end(self, logs=None):
+            self.after = [v.numpy() for v in self.model.trainable_variables]
+
+    loop.create_optimizer = lambda *args, **kwargs: GradientCapture(learning_rate=1.0)  # in strategy.scope()
+    arrays = {}
+    for name, strategy in (
+        ("mirrored", tf.distribute.MirroredStrategy(devices)),
+        ("one_device", tf.distribute.OneDeviceStrategy(devices[0])),
+    ):
+        directory = os.path.join(run_dir, name)
+        _prepare(directory, spm_model)
+        recorder = Weights()
+        args = training.TrainingArgs(output=directory, max_steps=1, batch_multiple=2, **TINY)
+        result = training.train(args, callbacks=[recorder], strategy=strategy)
+        assert result.step == 1 and strategy.num_replicas_in_sync == {"mirrored": 2, "one_device": 1}[name]
+        arrays.update({f"{name}_{i}": g for i, g in enumerate(recorder.after)})
+        initial = recorder.before
+
+    # The reference: the tape's gradient of the mean over the first global batch's real tokens.
+    stream = TrainingData(args, Tokenizer(spm_model), data.load_dataset("multi30k", "train"), 2, 32)
+    (inputs, labels) = next(iter(stream.stream(0, stream.batches_per_epoch())))
+    model = Transformer(result.model.config)
+    model.build()
+    for variable, value in zip(model.trainable_variables, initial):
+        variable.assign(value)
+    with tf.GradientTape() as tape:
+        loss = LabelSmoothedCrossEntropy(model.config.label_smoothing)(labels, model(inputs, training=True))
+    reference = tape.gradient(loss, model.trainable_variables)
+    arrays.update({f"reference_{i}": tf.convert_to_tensor(g).numpy() for i, g in enumerate(reference)})
+    half = labels.shape[0] // 2
+    arrays["replica_tokens"] = np.array([(labels[:half] != 0).numpy().sum(), (labels[half:] != 0).numpy().sum()])
+    np.savez(os.path.join(run_dir, "gradients.npz"), **arrays)
+    print(json.dumps(dict(variables=len(initial))), flush=True)
 
 
 def multiworker(run_dir, spm_model, steps=4):
@@ -189,4 +262,5 @@ def shards(run_dir, spm_model, steps=3):
 
 if __name__ == "__main__":
     mode, run_dir, spm_model = sys.argv[1:4]
-    {"mirrored": mirrored, "multiworker": multiworker, "shards": shards}[mode](run_dir, spm_model)
+    modes = {"mirrored": mirrored, "gradients": gradients, "multiworker": multiworker, "shards": shards}
+    modes[mode](run_dir, spm_model)

@@ -57,6 +57,33 @@ def test_mirrored_two_replicas_train_like_one_device(tmp_path, spm500):
     assert result["max_weight_diff"] < 1e-3
 
 
+def test_mirrored_two_replicas_apply_the_one_device_gradient(tmp_path, spm500):
+    """The gradient Keras hands the optimizer after summing the two replicas' gradients (captured by an
+    optimizer that writes it into the weights) equals the one-device gradient and the tape's gradient of
+    the mean loss over the global batch's real tokens, within float32 rounding. Adam's update does not
+    change when the gradient is scaled by a constant: this checks the scale. The halves of the batch hold
+    different numbers of tokens, so a replica dividing by its own count (even averaged over the replicas)
+    fails, as does a loss scaled by the replica count."""
+    done = subprocess.run(
+        [sys.executable, str(WORKER), "gradients", str(tmp_path), spm500],
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    count = last_json_line(done.stdout)["variables"]
+    arrays = np.load(tmp_path / "gradients.npz")
+    tokens = arrays["replica_tokens"]
+    assert tokens[0] != tokens[1], tokens
+    runs = {name: [arrays[f"{name}_{i}"] for i in range(count)] for name in ("mirrored", "one_device", "reference")}
+    scale = max(float(np.max(np.abs(g))) for g in runs["reference"])
+    assert scale > 0 and count > 10
+    for i, reference in enumerate(runs["reference"]):
+        for name in ("mirrored", "one_device"):
+            np.testing.assert_allclose(runs[name][i], reference, rtol=1e-4, atol=1e-6 * scale, err_msg=f"{name} {i}")
+
+
 def reserve_loopback_ports(count):
     """`count` free loopback ports, kept bound (not listening) by sockets that the caller closes once
     the workers are done.
