@@ -4,6 +4,7 @@ No model is trained here: the weights files are small HDF5 files written with
 h5py, which is all `find_resume_point` reads.
 """
 
+import dataclasses
 import json
 import os
 
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 
 from keras_transformer import run_dir as run_layout
-from keras_transformer.training.options import TrainingArgs
-from keras_transformer.training.run import ResumeError, ResumePoint, Run
+from keras_transformer.config import TransformerConfig
+from keras_transformer.errors import ParameterError
+from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES, TrainingArgs
+from keras_transformer.training.run import ResumeError, ResumePoint, Run, check_resume_config
 
 
 class _OneDevice:
@@ -217,3 +220,170 @@ def test_an_unstarted_directory_is_removed_only_if_it_holds_nothing_but_what_a_s
         run.close()
         run.remove_unstarted_directory()
         assert run_dir.exists() == (extra is not None), extra
+
+
+# The options a resume must keep, each with another valid value: what is trained on (the data, its
+# vocabulary and segmentation, the batches and their order), the schedule of §5.3 (a step would mean
+# another learning rate), the precision and the moving average (another optimizer state). A new
+# option goes either here (and into `options.RESUME_FIXED`) or into RESUME_MAY_CHANGE.
+RESUME_FIXED_CHANGES = {
+    "data": "tfds:wmt14_translate/de-en",
+    "src": "fr",
+    "tgt": "fr",
+    "vocab_size": 1000,
+    "subword_sampling": 0.1,
+    "batch_tokens": 999,
+    "pad_to_multiple_of": 1,
+    "seed": 1,
+    "batch_multiple": 2,
+    "max_length": 64,
+    "warmup_steps": 100,
+    "lr_scale": 2.0,
+    "cooldown": 0.5,
+    "precision": "mixed_bfloat16",
+    "ema": 0.999,
+}
+
+# The options a resume may change: how long the run goes on, how it is carried out (compilation,
+# checkpoints, logs), what is validated and how the final weights are chosen, and the starting point
+# (read on a fresh start only).
+RESUME_MAY_CHANGE = {
+    "epochs": 3,
+    "max_steps": 10,
+    "steps_per_epoch": 5,
+    "time_budget": 5.0,
+    "xla": True,
+    "checkpoint_every": 7,
+    "checkpoint_minutes": None,
+    "keep_checkpoints": 2,
+    "average_last": 3,
+    "average_fraction": 0.5,
+    "validation_split": None,
+    "validate_every": 2,
+    "validate_bleu_every": 100,
+    "bleu_search": "beam",
+    "keep_best": True,
+    "early_stopping_patience": 3,
+    "log_every": 5,
+    "steps_per_execution": 4,
+    "verbose": 0,
+    "init_from": "another-run",
+    "resume_optimizer": True,
+}
+# What a changed option needs to be valid (the values of other options it depends on).
+NEEDS = {
+    "average_fraction": {"average_last": 3},
+    "keep_best": {"validate_bleu_every": 100},
+    "early_stopping_patience": {"validate_bleu_every": 100},
+    "resume_optimizer": {"init_from": "another-run"},
+}
+
+# Every field of the model configuration, with another valid value for the tiny preset.
+MODEL_CHANGES = {
+    "vocab_size": 1000,
+    "num_layers": 3,
+    "d_model": 128,
+    "num_heads": 8,
+    "d_ff": 128,
+    "key_dim": 8,
+    "value_dim": 8,
+    "dropout": 0.3,
+    "attention_dropout": 0.1,
+    "label_smoothing": 0.2,
+    "norm_first": True,
+    "share_embeddings": False,
+    "positional_encoding": "learned",
+    "max_length": 64,
+    "layer_norm_epsilon": 1e-5,
+    "activation": "gelu",
+    "use_bias": True,
+}
+
+
+def _started_run(run_dir, recorded=None):
+    """TrainingArgs of a run recorded in `run_dir/config.json` (its `training` options: `recorded`, or all)."""
+    args = TrainingArgs(output=str(run_dir), preset="tiny", vocab_size=500)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    training = args.to_dict() if recorded is None else recorded(args.to_dict())
+    (run_dir / "config.json").write_text(
+        json.dumps({"model": args.model_config().to_dict(), "training": training, "data": {}})
+    )
+    return args
+
+
+def _resumed(args, **changes):
+    return TrainingArgs(**{**args.to_dict(), **changes})
+
+
+def _refusal(run_dir, args):
+    with pytest.raises(ParameterError) as caught:
+        check_resume_config(str(run_dir), args, args.model_config())
+    error = caught.value
+    assert error.parameter == "output" and "\n" not in str(error)
+    assert str(error).startswith(f"output {run_dir} holds a run with a different ")
+    return str(error)
+
+
+def test_every_option_is_either_fixed_or_free_on_resume():
+    """Each TrainingArgs field is classified: the model's (compared as its config), fixed, or free to change.
+
+    The fixed ones are `options.RESUME_FIXED` exactly: an option added without deciding whether a resume may
+    change it fails here.
+    """
+    fields = {f.name for f in dataclasses.fields(TrainingArgs)}
+    model_options = {"preset", "overrides"}  # compared through the model configuration
+    assert set(RESUME_FIXED) == set(RESUME_FIXED_CHANGES)
+    assert not set(RESUME_FIXED) & set(RESUME_MAY_CHANGE)
+    assert fields - {"output"} == set(RESUME_FIXED) | set(RESUME_MAY_CHANGE) | model_options
+    assert {f.name for f in dataclasses.fields(TransformerConfig)} == set(MODEL_CHANGES)
+
+
+@pytest.mark.parametrize("option", RESUME_FIXED)
+def test_a_resume_that_changes_a_fixed_option_is_refused_naming_it(tmp_path, option):
+    args = _started_run(tmp_path / "run")
+    value = RESUME_FIXED_CHANGES[option]
+    message = _refusal(tmp_path / "run", _resumed(args, **{option: value}))
+    assert f"{option} ({getattr(args, option)!r} -> {value!r})" in message
+
+
+@pytest.mark.parametrize("option", RESUME_LEGACY_VALUES)
+def test_a_run_recorded_before_an_option_existed_resumes_only_with_its_legacy_value(tmp_path, option):
+    args = _started_run(tmp_path / "run", lambda t: {k: v for k, v in t.items() if k != option})
+    legacy = RESUME_LEGACY_VALUES[option]
+    assert check_resume_config(str(tmp_path / "run"), _resumed(args, **{option: legacy}), args.model_config())
+    value = RESUME_FIXED_CHANGES[option]
+    assert value != legacy
+    message = _refusal(tmp_path / "run", _resumed(args, **{option: value}))
+    assert f"{option} ({legacy!r} -> {value!r})" in message
+
+
+@pytest.mark.parametrize("field", MODEL_CHANGES)
+def test_a_resume_that_changes_the_model_configuration_is_refused_naming_the_field(tmp_path, field):
+    args = _started_run(tmp_path / "run")
+    value = MODEL_CHANGES[field]
+    before = args.model_config().to_dict()[field]
+    assert before != value
+    changed = _resumed(args, vocab_size=value) if field == "vocab_size" else _resumed(args, overrides={field: value})
+    assert changed.model_config().to_dict()[field] == value
+    message = _refusal(tmp_path / "run", changed)
+    assert f"model {field} ({before!r} -> {value!r})" in message
+
+
+def test_a_resume_with_another_preset_is_refused_naming_the_fields_it_changes(tmp_path):
+    args = _started_run(tmp_path / "run")
+    message = _refusal(tmp_path / "run", _resumed(args, preset="base"))
+    assert "model d_model (64 -> 512)" in message and "model num_layers (2 -> 6)" in message
+
+
+@pytest.mark.parametrize("option", RESUME_MAY_CHANGE)
+def test_a_resume_may_change_how_long_and_how_a_run_goes_on(tmp_path, option):
+    args = _started_run(tmp_path / "run")
+    changes = {**NEEDS.get(option, {}), option: RESUME_MAY_CHANGE[option]}
+    assert all(getattr(args, k) != v for k, v in changes.items())
+    saved = check_resume_config(str(tmp_path / "run"), _resumed(args, **changes), args.model_config())
+    assert saved["training"] == args.to_dict()
+
+
+def test_a_new_run_directory_has_nothing_to_check(tmp_path):
+    args = TrainingArgs(output=str(tmp_path / "new"), preset="tiny", vocab_size=500)
+    assert check_resume_config(str(tmp_path / "new"), args, args.model_config()) is None

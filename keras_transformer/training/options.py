@@ -23,6 +23,7 @@ RESUME_FIXED = (
     "src",
     "tgt",
     "vocab_size",
+    "subword_sampling",
     "batch_tokens",
     "pad_to_multiple_of",
     "seed",
@@ -35,7 +36,7 @@ RESUME_FIXED = (
     "ema",
 )
 # What a run recorded without an option had: its value then, for the resume check.
-RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8}
+RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8, "subword_sampling": 0.0}
 
 
 @dataclasses.dataclass

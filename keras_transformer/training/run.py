@@ -342,8 +342,9 @@ def check_resume_config(run_dir, args, model_config):
 
     A resume may change how a run is carried out (checkpoints, logs, the
     time budget) but not what it trains: the model configuration and the
-    options of `options.RESUME_FIXED` (data, batches, schedule, precision)
-    must be those the run was started with.
+    options of `options.RESUME_FIXED` (data and its segmentation, batches,
+    seed, schedule, precision, moving average) must be those the run was
+    started with.
 
     Args:
         run_dir: the run directory (`TrainingArgs.output`).
