@@ -25,13 +25,24 @@ def length_penalty(length, alpha):
 
 
 def greedy_search_graph(
-    model, source_ids, max_length, min_length, bos_id, eos_id, use_cache, max_extra_length, choose_tokens=None
+    model,
+    source_ids,
+    max_length,
+    min_length,
+    bos_id,
+    eos_id,
+    use_cache,
+    max_extra_length,
+    choose_tokens=None,
+    no_repeat_ngram_size=0,
 ):
     """Untrimmed greedy search: `(token_ids [B, L], scores [B])`.
 
     `choose_tokens(log_probs [B, V], i) -> tokens [B]` picks each step's
     token (default: the most probable; sampling passes a random draw). The
-    score adds the chosen tokens' log-probabilities. In a plain graph,
+    score adds the chosen tokens' log-probabilities. A token that would repeat
+    an n-gram of its sentence's output (`no_repeat_ngram_size` > 0) is not
+    chosen (`tokens.blocked_ngram_tokens`). In a plain graph,
     finished sentences leave the batch, as in `beam_search_graph`, except
     when sampling: a seeded draw depends on the sentence's row in the batch,
     so the batch keeps its rows and a seed always gives the same samples.
@@ -51,13 +62,24 @@ def greedy_search_graph(
     drops_finished = step.can_select and choose_tokens is None
 
     def body(i, rows, results, model_state):
-        logits, model_state = step(i, rows["token_ids"][:, None], model_state)  # [B, 1, V]
+        history = rows["token_ids"][:, None]  # [B, 1, L]
+        logits, model_state = step(i, history, model_state)  # [B, 1, V]
         if choose_tokens is None:
-            token_log_probs, tokens = top_allowed_tokens(logits, 1, i, min_length, eos_id)  # [B, 1, 1]
+            token_log_probs, tokens = top_allowed_tokens(
+                logits, 1, i, min_length, eos_id, history, no_repeat_ngram_size
+            )  # [B, 1, 1]
             tokens, token_log_probs = tokens[:, 0, 0], token_log_probs[:, 0, 0]  # [B]
         else:
             # -inf, not NEG_INF: the temperature divides these, and -1e9 / 1e9 would be a likely token.
-            log_probs = forbid_tokens(tf.nn.log_softmax(logits[:, 0]), i, min_length, eos_id, -float("inf"))
+            log_probs = forbid_tokens(
+                tf.nn.log_softmax(logits[:, 0]),
+                i,
+                min_length,
+                eos_id,
+                -float("inf"),
+                rows["token_ids"],
+                no_repeat_ngram_size,
+            )
             tokens = choose_tokens(log_probs, i)
             token_log_probs = tf.gather(log_probs, tokens, batch_dims=1)
         # Finished sentences only append padding and keep their score.
@@ -122,6 +144,7 @@ def beam_search_graph(
     use_cache,
     max_extra_length,
     early_stopping,
+    no_repeat_ngram_size=0,
 ):
     """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first.
 
@@ -140,7 +163,13 @@ def beam_search_graph(
     beams = _initial_beams(batch_size, k, buffer_length, limits, alpha)
     results = {"finished_ids": beams["finished_ids"], "finished_scores": beams["finished_scores"]}
     options = dict(
-        k=k, alpha=alpha, min_length=min_length, eos_id=eos_id, early_stopping=early_stopping, return_all=return_all
+        k=k,
+        alpha=alpha,
+        min_length=min_length,
+        eos_id=eos_id,
+        early_stopping=early_stopping,
+        return_all=return_all,
+        no_repeat_ngram_size=no_repeat_ngram_size,
     )
 
     def body(i, beams, results, model_state, first=False):
@@ -160,8 +189,25 @@ def beam_search_graph(
     return results["finished_ids"], results["finished_scores"]
 
 
-def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_stopping, return_all, first=False):
-    """Steps 1-5 of `beam_search` at output position i, for the sentences in `beams` (`first`: i is 0)."""
+def _beam_step(
+    step,
+    i,
+    beams,
+    model_state,
+    k,
+    alpha,
+    min_length,
+    eos_id,
+    early_stopping,
+    return_all,
+    no_repeat_ngram_size,
+    first=False,
+):
+    """Steps 1-5 of `beam_search` at output position i, for the sentences in `beams` (`first`: i is 0).
+
+    With `no_repeat_ngram_size`, each alive hypothesis's candidates leave out the tokens that would repeat one of
+    its own n-grams (`tokens.blocked_ngram_tokens`), whatever the other hypotheses hold.
+    """
     length = i + 1  # output length after this step
     alive_ids, alive_log_probs, limits = beams["alive_ids"], beams["alive_log_probs"], beams["limits"]
     batch_size = tf.shape(alive_log_probs)[0]
@@ -175,7 +221,7 @@ def _beam_step(step, i, beams, model_state, k, alpha, min_length, eos_id, early_
     if step.can_select and early_stopping == "exact" and not first:
         rows = _can_change_result(beams, return_all)
     token_log_probs, tokens, model_state = step.top_tokens(
-        i, alive_ids, model_state, 2 * k, min_length, eos_id, first=first, rows=rows
+        i, alive_ids, model_state, 2 * k, min_length, eos_id, first, rows, no_repeat_ngram_size
     )  # [B, K, C]
     candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
     per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller

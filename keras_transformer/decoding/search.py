@@ -20,6 +20,7 @@ from keras_transformer.decoding.defaults import (
 )
 from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
 from keras_transformer.decoding.tokens import trim_padding
+from keras_transformer.errors import ParameterError
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -32,6 +33,7 @@ def greedy_search(
     eos_id=EOS_ID,
     use_cache=True,
     max_extra_length=EXTRA_OUTPUT_LENGTH,
+    no_repeat_ngram_size=0,
 ):
     """Greedy decoding: the most probable token at every step.
 
@@ -47,6 +49,10 @@ def greedy_search(
         use_cache: False recomputes the whole prefix at every step (reference).
         max_extra_length: with `max_length=None`, each sentence's output may
             be this many tokens longer than its source (50 in §6.1).
+        no_repeat_ngram_size: N > 0 never repeats an N-gram within an output
+            (n-gram blocking; not in the paper): a token that would complete
+            an N-gram already in it is not taken. 0 (default): off, and not in
+            the graph. See `beam_search`.
 
     Returns:
         `token_ids` int32 `[B, L]`: the output tokens without the start token,
@@ -64,6 +70,7 @@ def greedy_search(
         eos_id=eos_id,
         use_cache=use_cache,
         max_extra_length=max_extra_length,
+        no_repeat_ngram_size=no_repeat_ngram_size,
     )
     _check_options(**options)
     if tf.executing_eagerly():
@@ -85,6 +92,7 @@ def sampling_search(
     eos_id=EOS_ID,
     use_cache=True,
     max_extra_length=EXTRA_OUTPUT_LENGTH,
+    no_repeat_ngram_size=0,
 ):
     """Random sampling, token by token, for back-translation and data augmentation.
 
@@ -100,6 +108,8 @@ def sampling_search(
         top_k: 0 for the whole vocabulary; 1 is greedy search.
         seed: an int makes the draws reproducible (stateless random ops keyed
             by the seed and the step); None draws a new seed at every call.
+        no_repeat_ngram_size: N > 0 never draws a token that would repeat an
+            N-gram of the output (its probability is 0); 0 (default): off.
 
     Returns:
         `(token_ids [B, L], scores [B])` as `greedy_search`; a score is the sum
@@ -116,6 +126,7 @@ def sampling_search(
         eos_id=eos_id,
         use_cache=use_cache,
         max_extra_length=max_extra_length,
+        no_repeat_ngram_size=no_repeat_ngram_size,
     )
     _check_options(**options)
     if tf.executing_eagerly():
@@ -152,6 +163,7 @@ def beam_search(
     use_cache=True,
     max_extra_length=EXTRA_OUTPUT_LENGTH,
     early_stopping=DEFAULT_EARLY_STOPPING,
+    no_repeat_ngram_size=0,
 ):
     """Beam search with the GNMT length penalty, as in §6.1 (K = 4, alpha = 0.6).
 
@@ -183,6 +195,19 @@ def beam_search(
     With `return_all=True` a sentence only stops once no alive hypothesis can
     beat the K-th finished one, so all K returned hypotheses are exact.
 
+    N-gram blocking (`no_repeat_ngram_size` N > 0; fairseq's, CTranslate2's
+    and Hugging Face's option, not the paper's) keeps a model from looping
+    ("the the the", a phrase over and over): in step 1, a token that would
+    complete an N-gram its hypothesis already holds gets log-probability
+    -inf (`NEG_INF`), so no hypothesis ever holds an N-gram twice. Each
+    hypothesis is checked against its own tokens only (not the start token,
+    not its beam mates'), and the other tokens keep the model's
+    log-probabilities, so scores stay comparable. Its last N - 1 tokens are
+    compared with every (N-1)-gram of its output at once and the tokens that
+    followed the matches are masked (`tokens.blocked_ngram_tokens`): a few
+    vectorized ops per step over `[B*K, L]` and one over `[B*K, V]`. Should
+    blocking and `min_length` leave no token, the end token is allowed.
+
     With "exact" stopping, an alive hypothesis whose own bound cannot beat
     that finished score can no longer change the result: all its
     continuations score lower, and every candidate they could displace ranks
@@ -208,6 +233,8 @@ def beam_search(
         early_stopping: "exact" (default: stop a sentence when no alive
             hypothesis can beat its best finished one, as tensor2tensor does)
             or "k_finished" (stop once K hypotheses have finished).
+        no_repeat_ngram_size: N > 0 blocks repeated N-grams (above); 0
+            (default): off, and none of it is in the graph.
 
     Returns:
         `token_ids` int32 `[B, L]` (`[B, K, L]` with `return_all`): without the
@@ -217,6 +244,14 @@ def beam_search(
 
     Beam size 1 with alpha = 0 gives the greedy result and score. The pad id
     is never generated.
+
+    Example:
+    >>> from keras_transformer import Transformer, TransformerConfig
+    >>> model = Transformer(TransformerConfig.tiny(vocab_size=100))
+    >>> token_ids, _ = beam_search(model, tf.constant([[5, 6, 7, 3]]), max_length=12, no_repeat_ngram_size=2)
+    >>> bigrams = [tuple(token_ids[0, j : j + 2].numpy()) for j in range(token_ids.shape[1] - 1)]
+    >>> len(bigrams) == len(set(bigrams))  # no bigram twice in the output
+    True
     """
     options = dict(
         beam_size=beam_size,
@@ -229,6 +264,7 @@ def beam_search(
         use_cache=use_cache,
         max_extra_length=max_extra_length,
         early_stopping=early_stopping,
+        no_repeat_ngram_size=no_repeat_ngram_size,
     )
     _check_options(**options)
     if tf.executing_eagerly():
@@ -279,6 +315,7 @@ def _check_options(
     temperature=1.0,
     top_k=0,
     seed=None,
+    no_repeat_ngram_size=0,
     **_,
 ):
     if not 0.0 < float(temperature) < float("inf"):
@@ -299,6 +336,10 @@ def _check_options(
         raise ValueError(f"max_extra_length must be a positive integer, got {max_extra_length!r}.")
     if isinstance(min_length, bool) or not isinstance(min_length, int) or min_length < 0:
         raise ValueError(f"min_length must be a non-negative integer, got {min_length!r}.")
+    if isinstance(no_repeat_ngram_size, bool) or not isinstance(no_repeat_ngram_size, int) or no_repeat_ngram_size < 0:
+        raise ParameterError(
+            "no_repeat_ngram_size", f"must be a non-negative integer (0: off), got {no_repeat_ngram_size!r}."
+        )
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
         if isinstance(value, bool) or not isinstance(value, int) or value == PAD_ID:
             raise ValueError(f"{name} must be an integer token id other than the pad id 0, got {value!r}.")

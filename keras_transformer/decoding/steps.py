@@ -71,9 +71,13 @@ class _CachedStep:
             tf.nest.map_structure(lambda t: vary(t, batch_axis), sentences),
         )
 
-    def top_tokens(self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None):
+    def top_tokens(
+        self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None, no_repeat_ngram_size=0
+    ):
         """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i (`first`: via `first`).
 
+        `no_repeat_ngram_size`: as `top_allowed_tokens`', over the
+        hypotheses' `token_ids` (step 0, `first`, has no n-gram to repeat).
         `rows [B, K]`: only those hypotheses need candidates
         (`top_allowed_tokens_of_rows`); with a model that projects its
         decoder output on its own (`step_logits`), only they are projected,
@@ -92,7 +96,8 @@ class _CachedStep:
             log_probs, ids = _top_tokens(logits, None, rows, count, i, min_length, eos_id)  # [B, 1, C]
             return tf.tile(log_probs, [1, self.beam_size, 1]), tf.tile(ids, [1, self.beam_size, 1]), state
         output, state = self(i, token_ids, state, project=to_logits is None)
-        return (*_top_tokens(output, to_logits, rows, count, i, min_length, eos_id), state)
+        blocking = (token_ids, no_repeat_ngram_size)
+        return (*_top_tokens(output, to_logits, rows, count, i, min_length, eos_id, blocking), state)
 
     def __call__(self, i, token_ids, state, project=True):
         """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state).
@@ -218,10 +223,18 @@ class _UncachedStep:
         vocab_size = logits.shape[-1] if logits.shape[-1] is not None else tf.shape(logits)[-1]
         return tf.reshape(logits, [batch, k, vocab_size]), state
 
-    def top_tokens(self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None):
-        """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i's logits (`rows`: see `_CachedStep`)."""
+    def top_tokens(
+        self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None, no_repeat_ngram_size=0
+    ):
+        """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i's logits.
+
+        `rows`, `no_repeat_ngram_size`: as `_CachedStep.top_tokens`'.
+        """
         logits, state = self(i, token_ids, state)
-        return (*_top_tokens(logits, None, rows, count, i, min_length, eos_id), state)
+        return (
+            *_top_tokens(logits, None, rows, count, i, min_length, eos_id, (token_ids, no_repeat_ngram_size)),
+            state,
+        )
 
     @staticmethod
     def reorder(state, parents):
@@ -233,12 +246,15 @@ def _projection_option(project):
     return {} if project else {"project": False}
 
 
-def _top_tokens(output, to_logits, rows, count, i, min_length, eos_id):
-    """`top_allowed_tokens` of a step's logits (`to_logits` None) or decoder output, for `rows` only if given."""
+def _top_tokens(output, to_logits, rows, count, i, min_length, eos_id, blocking=(None, 0)):
+    """`top_allowed_tokens` of a step's logits (`to_logits` None) or decoder output, for `rows` only if given.
+
+    `blocking`: `(token_ids [B, K, L], no_repeat_ngram_size)`, for `top_allowed_tokens`.
+    """
     to_logits = to_logits or (lambda logits: logits)
     if rows is None:
-        return top_allowed_tokens(to_logits(output), count, i, min_length, eos_id)
-    return top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id)
+        return top_allowed_tokens(to_logits(output), count, i, min_length, eos_id, *blocking)
+    return top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id, *blocking)
 
 
 def make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=1):

@@ -27,19 +27,88 @@ def output_limits(model, source_ids, max_length, max_extra_length=EXTRA_OUTPUT_L
     return buffer_length, tf.minimum(limits, buffer_length)
 
 
-def forbid_tokens(log_probs, i, min_length, eos_id, value=NEG_INF):
+def forbid_tokens(log_probs, i, min_length, eos_id, value=NEG_INF, history=None, no_repeat_ngram_size=0):
     """Pad is never generated; the end token not before `min_length` tokens: `value` there. `[..., V]`.
 
+    With `no_repeat_ngram_size` N > 0, neither is a token that would repeat an
+    N-gram of its row of `history [..., L]` (`blocked_ngram_tokens`); should
+    that and `min_length` leave no token, the end token is allowed.
     Sampling passes -inf, which no temperature scales back into reach.
     """
     token = tf.range(tf.shape(log_probs)[-1])
     forbidden = tf.equal(token, PAD_ID)
+    blocked = None
+    if no_repeat_ngram_size:
+        blocked = blocked_ngram_tokens(history, i, no_repeat_ngram_size, tf.shape(log_probs)[-1])
+        forbidden |= blocked
     if min_length > 0:
-        forbidden |= tf.equal(token, eos_id) & (i < min_length)
+        forbidden |= tf.equal(token, eos_id) & _ends_early(i, min_length, blocked, eos_id)
     return tf.where(forbidden, tf.cast(value, log_probs.dtype), log_probs)
 
 
-def top_allowed_tokens(logits, count, i, min_length, eos_id):
+def blocked_ngram_tokens(token_ids, i, n, vocab_size):
+    """The tokens that would repeat an n-gram of their row as output token i: bool `[..., V]`.
+
+    N-gram blocking (`no_repeat_ngram_size`, as in fairseq, CTranslate2 and
+    Hugging Face; not in the paper): a row's next token t is blocked when its
+    last n - 1 tokens followed by t form an n-gram the row already holds.
+    `token_ids [..., L]` holds each row's output tokens at positions < i; the
+    positions from i on are not read, nor is the start token, which is not an
+    output token. Every (n-1)-gram of the row is compared with its last n - 1
+    tokens at once (n - 1 comparisons of `[R, L]`, no loop over the steps), and
+    the token that followed each match is marked with one scatter; n = 1
+    blocks every token of the row.
+
+    Args:
+        token_ids: int32 `[..., L]`, each row's output so far.
+        i: the output position to fill (a scalar, int or tensor).
+        n: the n-gram size, a Python int >= 1.
+        vocab_size: V.
+
+    Returns:
+        bool `[..., V]`: True for the blocked tokens of each row.
+
+    Example:
+        >>> rows = tf.constant([[5, 6, 5, 0], [5, 6, 7, 0]])  # 3 tokens each, then the unwritten position 3
+        >>> blocked_ngram_tokens(rows, 3, 2, 8).numpy().astype(int)  # "5 6" is in row 0: 6 may not follow 5
+        array([[0, 0, 0, 0, 0, 0, 1, 0],
+               [0, 0, 0, 0, 0, 0, 0, 0]])
+    """
+    shape = tf.shape(token_ids)
+    length = shape[-1]
+    rows = tf.reshape(token_ids, [-1, length])  # [R, L]
+    starts = tf.range(length)  # an n-gram at positions j .. j + n - 1, all before i
+    matches = tf.broadcast_to(starts <= i - n, tf.shape(rows))  # [R, L]
+    for offset in range(n - 1):
+        earlier = tf.gather(rows, tf.minimum(starts + offset, length - 1), axis=1)  # [R, L]
+        last = tf.gather(rows, tf.maximum(i - n + 1 + offset, 0), axis=1)  # [R]: only read where a match can be
+        matches &= tf.equal(earlier, last[:, None])
+    followers = tf.gather(rows, tf.minimum(starts + n - 1, length - 1), axis=1)  # [R, L]
+    row_index = tf.broadcast_to(tf.range(tf.shape(rows)[0])[:, None], tf.shape(rows))
+    counts = tf.tensor_scatter_nd_add(
+        tf.zeros(tf.stack([tf.shape(rows)[0], vocab_size]), tf.int32),
+        tf.stack([row_index, followers], axis=-1),
+        tf.cast(matches, tf.int32),
+    )  # [R, V]
+    return tf.reshape(counts > 0, tf.concat([shape[:-1], [vocab_size]], axis=0))
+
+
+def _ends_early(i, min_length, blocked, eos_id):
+    """Whether the end token is forbidden at step i (before `min_length`), `[..., 1]` with `blocked [..., V]`.
+
+    Blocking never forbids the end token (no row holds it yet); but should it
+    forbid every other token, the end token is allowed, so that a row always
+    has a token to take.
+    """
+    early = i < min_length
+    if blocked is None:
+        return early
+    token = tf.range(tf.shape(blocked)[-1])
+    nothing_else = tf.reduce_all(blocked | tf.equal(token, PAD_ID) | tf.equal(token, eos_id), axis=-1, keepdims=True)
+    return early & tf.logical_not(nothing_else)
+
+
+def top_allowed_tokens(logits, count, i, min_length, eos_id, history=None, no_repeat_ngram_size=0):
     """The `count` most probable allowed tokens of each row of `logits [R, K, V]`.
 
     Returns `(log_probs, ids)`, each `[R, K, C]` with C = min(count, V), best
@@ -48,6 +117,14 @@ def top_allowed_tokens(logits, count, i, min_length, eos_id):
     top `count` + (number of forbidden tokens) are taken, the forbidden ones
     masked, and the best `count` kept. Exact, with no pass over the
     vocabulary besides the top-k and one softmax.
+
+    With `no_repeat_ngram_size` N > 0, the tokens that would repeat an N-gram
+    of their hypothesis in `history [R, K, L]` (`blocked_ngram_tokens`) are
+    masked in the logits before the top-k, so the top `count` are taken among
+    the others; the log-probabilities stay the model's (normalized over the
+    whole vocabulary, as fairseq's), and a masked token that still makes the
+    top `count` (a vocabulary with fewer allowed tokens) gets `NEG_INF`. With
+    N = 0 none of this is in the graph.
 
     bfloat16 logits (a model decoding in bfloat16) stay in bfloat16 in a plain
     graph: `strided_top_k` finds their top tokens without casting the
@@ -66,29 +143,45 @@ def top_allowed_tokens(logits, count, i, min_length, eos_id):
         logits.dtype == tf.bfloat16 and strided_blocks(vocab_size, wanted) and not compat.graph_is_compiled_by_xla()
     ):
         logits = tf.cast(logits, tf.float32)
+    blocked = None
+    if no_repeat_ngram_size:
+        blocked = blocked_ngram_tokens(history, i, no_repeat_ngram_size, tf.shape(logits)[-1])  # [R, K, V]
+        # The normalizer of all the logits, blocked tokens included: the best allowed token may be improbable.
+        log_normalizer = tf.reduce_logsumexp(tf.cast(logits, tf.float32), axis=-1, keepdims=True)  # [R, K, 1]
+        logits = tf.where(blocked, tf.cast(-float("inf"), logits.dtype), logits)
     top_k = strided_top_k if logits.dtype == tf.bfloat16 else blocked_top_k
     values, ids = top_k(logits, wanted)  # [R, K, count + forbidden], best first
     values = tf.cast(values, tf.float32)
-    log_normalizer = _log_normalizer(logits, values[..., :1], ids[..., :1])  # [R, K, 1]
     forbidden = tf.equal(ids, PAD_ID)
+    if blocked is None:
+        log_normalizer = _log_normalizer(logits, values[..., :1], ids[..., :1])  # [R, K, 1]
+    else:
+        forbidden |= tf.gather(blocked, ids, batch_dims=2)
     if min_length > 0:
-        forbidden |= tf.equal(ids, eos_id) & (i < min_length)
+        forbidden |= tf.equal(ids, eos_id) & _ends_early(i, min_length, blocked, eos_id)
     values, keep = tf.math.top_k(tf.where(forbidden, NEG_INF, values - log_normalizer), k=count)
     return values, tf.gather(ids, keep, batch_dims=2)
 
 
-def top_allowed_tokens_of_rows(values, to_logits, rows, count, i, min_length, eos_id):
+def top_allowed_tokens_of_rows(
+    values, to_logits, rows, count, i, min_length, eos_id, history=None, no_repeat_ngram_size=0
+):
     """`top_allowed_tokens(to_logits(values), ...)` for the hypotheses where `rows [B, K]` holds only.
 
     `values [B, K, X]` are what `to_logits` maps to logits `[..., V]` (the
-    decoder output, or the logits themselves). The other hypotheses get no
+    decoder output, or the logits themselves), `history [B, K, L]` the
+    hypotheses' tokens (with `no_repeat_ngram_size`). The other hypotheses get no
     candidates: log-probability `NEG_INF` and token pad, for all C. Only the
     selected rows are projected and searched.
     """
     batch, beams = tf.shape(rows)[0], tf.shape(rows)[1]
     which = tf.where(tf.reshape(rows, [-1]))  # [R', 1]
     picked = tf.gather_nd(tf.reshape(values, [batch * beams, tf.shape(values)[-1]]), which)  # [R', X]
-    log_probs, ids = top_allowed_tokens(to_logits(picked[:, None]), count, i, min_length, eos_id)  # [R', 1, C]
+    if no_repeat_ngram_size:
+        history = tf.gather_nd(tf.reshape(history, [batch * beams, tf.shape(history)[-1]]), which)[:, None]
+    log_probs, ids = top_allowed_tokens(
+        to_logits(picked[:, None]), count, i, min_length, eos_id, history, no_repeat_ngram_size
+    )  # [R', 1, C]
     shape = tf.stack([batch * beams, tf.shape(ids)[-1]])  # [B*K, C]
     log_probs = tf.tensor_scatter_nd_update(tf.fill(shape, NEG_INF), which, log_probs[:, 0])
     ids = tf.tensor_scatter_nd_update(tf.fill(shape, PAD_ID), which, ids[:, 0])
