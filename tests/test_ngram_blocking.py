@@ -313,3 +313,130 @@ def test_bad_values_are_refused_by_name(random_model, sources, value):
         with pytest.raises(ParameterError, match="no_repeat_ngram_size must be a non-negative integer") as raised:
             call()
         assert raised.value.parameter == "no_repeat_ngram_size"
+
+
+# ----------------------------------------------------------------------------------
+# Translator, command line, SavedModel
+# ----------------------------------------------------------------------------------
+
+SENTENCES = ["A dog runs on the beach.", "Two men are talking.", "", "A girl in a red coat plays in the snow."]
+EXTRA = 12  # output up to the source length + 12 subwords
+
+
+def blocking_translator(run_dir, n, **options):
+    from keras_transformer.inference.translator import Translator
+
+    return Translator.from_run_dir(run_dir, max_extra_length=EXTRA, no_repeat_ngram_size=n, **options)
+
+
+SEARCH_OPTIONS = {
+    "beam": (dict(beam_size=4), lambda model, ids, **o: beam_search(model, ids, beam_size=4, alpha=0.6, **o)),
+    "greedy": (dict(beam_size=1), greedy_search),
+    "sampling": (
+        dict(sampling=dict(top_k=3, seed=1)),
+        lambda model, ids, **o: sampling_search(model, ids, top_k=3, seed=1, **o),
+    ),
+}
+
+
+@pytest.mark.parametrize("method", SEARCH_OPTIONS)
+def test_translator_blocks_as_the_library_does(tiny_run_dir, method):
+    """The Translator's search repeats no bigram of subwords where the unblocked one does, and gives the
+    library search's tokens."""
+    options, library_search = SEARCH_OPTIONS[method]
+    unblocked = blocking_translator(tiny_run_dir, 0, **options)
+    translator = blocking_translator(tiny_run_dir, 2, **options)
+    sentences = [s for s in SENTENCES if s]
+    source_ids = translator.source_ids(tf.constant(sentences))
+    ids, _ = translator.search(source_ids)
+    assert sum(repeated_ngrams(tokens, 2) for tokens in outputs(unblocked.search(source_ids)[0])) > 0
+    assert all(repeated_ngrams(tokens, 2) == 0 for tokens in outputs(ids))
+    library_ids, _ = library_search(translator.model, source_ids, max_extra_length=EXTRA, no_repeat_ngram_size=2)
+    assert outputs(library_ids) == outputs(ids)
+    if method != "sampling":  # `translate` sorts sentences by length, and a draw depends on the row
+        texts = [t.decode("utf-8") for t in translator.tokenizer.detokenize(ids).numpy()]
+        assert translator.translate(sentences) == texts
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_run_dir):
+    """The translations of SENTENCES by a Translator with beam 4 and bigram blocking, and without blocking."""
+    return {n: blocking_translator(tiny_run_dir, n).translate(SENTENCES) for n in (0, 2)}
+
+
+def test_translate_and_evaluate_commands_block(tiny_run_dir, expected, tmp_path, capsys):
+    from keras_transformer import cli
+
+    assert expected[2] != expected[0]
+    common = ["--model", tiny_run_dir, "--max-extra-length", str(EXTRA), "--no-repeat-ngram-size", "2"]
+    capsys.readouterr()
+    assert cli.main(["translate", *common, "--no-progress", *SENTENCES]) == 0
+    assert capsys.readouterr().out.splitlines() == expected[2]
+    src, output = tmp_path / "src.en", tmp_path / "out.de"
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    argv = ["evaluate", *common, "--src", str(src), "--ref", str(src), "--output", str(output), "--no-progress"]
+    assert cli.main(argv) == 0
+    assert output.read_text(encoding="utf-8").splitlines() == expected[2]
+
+
+def test_export_fixes_and_records_blocking(tiny_run_dir, expected, tmp_path, capsys):
+    import json
+
+    from keras_transformer import cli
+    from keras_transformer.inference.saved_model import export_saved_model
+    from keras_transformer.inference.translator import SavedModelTranslator
+
+    def info(path):
+        with open(f"{path}/assets/export.json") as f:
+            return json.load(f)["decoding"]
+
+    base = str(tmp_path / "served")
+    argv = ["export", "--model", tiny_run_dir, "--output", base, "--max-extra-length", str(EXTRA), "--no-warmup"]
+    assert cli.main([*argv, "--no-repeat-ngram-size", "2"]) == 0
+    path = capsys.readouterr().out.splitlines()[-1]
+    assert info(path)["no_repeat_ngram_size"] == 2
+    assert SavedModelTranslator(path).translate(SENTENCES) == expected[2]
+    # Re-exported: kept unless given; 0 turns it off, and an export without blocking records nothing.
+    again = export_saved_model(path, base, warmup_sentences=None)
+    assert info(again)["no_repeat_ngram_size"] == 2
+    assert SavedModelTranslator(again).translate(SENTENCES) == expected[2]
+    assert cli.main(["export", "--model", again, "--output", base, "--no-repeat-ngram-size", "0", "--no-warmup"]) == 0
+    off = capsys.readouterr().out.splitlines()[-1]
+    assert "no_repeat_ngram_size" not in info(off)
+    assert SavedModelTranslator(off).translate(SENTENCES) == expected[0]
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "export"])
+def test_bad_flag_values_are_one_line_naming_the_flag(tiny_run_dir, tmp_path, command, capsys):
+    from keras_transformer import cli
+
+    src = tmp_path / "src.en"
+    src.write_text("A dog.\n", encoding="utf-8")
+    rest = {
+        "translate": ["A dog."],
+        "evaluate": ["--src", str(src), "--ref", str(src)],
+        "export": ["--output", str(tmp_path / "out"), "--no-warmup"],
+    }[command]
+    for value, line in (
+        (
+            "-1",
+            f"keras-transformer {command}: --no-repeat-ngram-size -1: must be a non-negative integer (0: off), got -1.",
+        ),
+        ("1.5", "argument --no-repeat-ngram-size: invalid int value: '1.5'"),
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as raised:
+            cli.main([command, "--model", tiny_run_dir, "--no-repeat-ngram-size", value, *rest])
+        assert raised.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(line)
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_gives_the_default(capsys):
+    from keras_transformer import cli
+
+    for command in ("translate", "evaluate", "export"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--no-repeat-ngram-size N never repeat an N-gram" in text and "default 0: off" in text, command

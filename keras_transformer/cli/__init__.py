@@ -49,6 +49,7 @@ _DECODING_FLAGS = {
     "alpha": "--alpha",
     "max_extra_length": "--max-extra-length",
     "early_stopping": "--early-stopping",
+    "no_repeat_ngram_size": "--no-repeat-ngram-size",
 }
 _MODEL_FLAGS = {
     **_DECODING_FLAGS,

@@ -20,8 +20,8 @@ from keras_transformer.errors import ParameterError
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
-def add_search_options(parser, early_stopping=True, keep_recorded=False):
-    """--beam, --alpha, --max-extra-length (and --early-stopping).
+def add_search_options(parser, early_stopping=True, keep_recorded=False, ngram_blocking=True):
+    """--beam, --alpha, --max-extra-length (and --early-stopping, --no-repeat-ngram-size).
 
     `keep_recorded`: the flags default to None, which the command resolves
     (export: an exported version's own options, §6.1's for a run).
@@ -56,6 +56,15 @@ def add_search_options(parser, early_stopping=True, keep_recorded=False):
             default=default(DEFAULT_EARLY_STOPPING),
             help=f"exact: stop when no alive hypothesis can win (default{recorded}); "
             "k_finished: stop once beam-size hypotheses ended (faster)",
+        )
+    if ngram_blocking:
+        parser.add_argument(
+            "--no-repeat-ngram-size",
+            type=int,
+            default=default(0),
+            metavar="N",
+            help="never repeat an N-gram of subwords within a translation (n-gram blocking, as fairseq's and "
+            f"CTranslate2's no_repeat_ngram_size; not in the paper); default 0: off{recorded}",
         )
 
 
@@ -130,6 +139,7 @@ def translator_from_args(args):
             args.precision,
             checkpoint=args.checkpoint,
             sampling=sampling,
+            no_repeat_ngram_size=args.no_repeat_ngram_size,
         )
 
 

@@ -116,6 +116,7 @@ def run(args):
                 max_input_length=args.max_input_length,
                 checkpoint=args.checkpoint,
                 early_stopping=args.early_stopping,
+                no_repeat_ngram_size=args.no_repeat_ngram_size,
                 dtype=precision,
                 n_best=args.n_best,
                 warmup_sentences=warmup_sentences,

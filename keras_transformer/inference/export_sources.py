@@ -38,8 +38,9 @@ class DecodingOptions:
     """The decoding options an export fixes in its graph; None: the source's own.
 
     A run directory's own are §6.1's (beam 4, alpha 0.6, 50 extra tokens,
-    "exact" early stopping, the model's `max_length`), an export's are those
-    its `export.json` records, a `Translator`'s its attributes.
+    "exact" early stopping, the model's `max_length`, no n-gram blocking), an
+    export's are those its `export.json` records, a `Translator`'s its
+    attributes. `no_repeat_ngram_size` is recorded only when it is on (> 0).
 
     Example:
         >>> DecodingOptions(beam_size=1).given()
@@ -51,6 +52,7 @@ class DecodingOptions:
     max_extra_length: int | None = None
     max_input_length: int | None = None
     early_stopping: str | None = None
+    no_repeat_ngram_size: int | None = None
 
     def given(self):
         """The options given, as a dict (those that are not None)."""
@@ -66,6 +68,7 @@ RUN_DECODING_DEFAULTS = dict(
     max_extra_length=EXTRA_OUTPUT_LENGTH,
     max_input_length=None,
     early_stopping=DEFAULT_EARLY_STOPPING,
+    no_repeat_ngram_size=0,
 )
 
 

@@ -469,6 +469,8 @@ def _export_info(translator, version, n_best, precision_choice):
     }
     if translator.sampling:
         info["decoding"]["sampling"] = translator.sampling
+    if translator.no_repeat_ngram_size:  # recorded when on: an export without it decodes as before it existed
+        info["decoding"]["no_repeat_ngram_size"] = translator.no_repeat_ngram_size
     if n_best:
         info["n_best_signature"] = {
             "name": N_BEST_SIGNATURE_NAME,

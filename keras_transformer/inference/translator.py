@@ -71,6 +71,9 @@ class Translator(tf.Module):
         max_batch_size: the most sentences one `translate_strings` call (one
             serving request) takes: more is an InvalidArgumentError naming
             the limit, not an out-of-memory crash (default 1024).
+        no_repeat_ngram_size: N > 0: no translation repeats an N-gram of
+            subwords (n-gram blocking, in every search: see
+            `keras_transformer.decoding.beam_search`); 0 (default): off.
 
     Attributes:
         search: the search as a `tf.function`, source ids `[B, S]` ->
@@ -107,6 +110,7 @@ class Translator(tf.Module):
         early_stopping=DEFAULT_EARLY_STOPPING,
         sampling=None,
         max_batch_size=MAX_BATCH_SIZE,
+        no_repeat_ngram_size=0,
         name="translator",
     ):
         super().__init__(name=name)
@@ -117,6 +121,7 @@ class Translator(tf.Module):
         self.alpha = float(alpha)
         self.max_extra_length = int(max_extra_length)
         self.early_stopping = early_stopping
+        self.no_repeat_ngram_size = no_repeat_ngram_size
         self.max_input_length = int(max_input_length or model.config.max_length)
         if self.max_input_length < 2:
             raise ValueError(f"max_input_length must be at least 2, got {self.max_input_length}.")
@@ -127,7 +132,7 @@ class Translator(tf.Module):
                 f"{model.config.max_length}, the size of its learned position table."
             )
         self.sampling = dict(sampling) if sampling else None
-        options = dict(max_extra_length=self.max_extra_length)
+        options = dict(max_extra_length=self.max_extra_length, no_repeat_ngram_size=no_repeat_ngram_size)
         if self.sampling:
             self.search = decoding.make_decode_fn(
                 model, "sampling", jit_compile=jit_compile, **self.sampling, **options
@@ -238,6 +243,7 @@ class Translator(tf.Module):
                 alpha=self.alpha,
                 early_stopping=self.early_stopping,
                 max_extra_length=self.max_extra_length,
+                no_repeat_ngram_size=self.no_repeat_ngram_size,
                 return_all=True,
             )
         return self._n_best_graph(inputs, n_best)
@@ -421,10 +427,12 @@ def load_translator(
     precision=None,
     checkpoint=None,
     sampling=None,
+    no_repeat_ngram_size=0,
 ):
     """A translator for a run directory or an exported SavedModel (whose options are fixed at export).
 
     `sampling`: `dict(top_k=..., temperature=..., seed=...)` to sample instead of searching (run directories).
+    `no_repeat_ngram_size`: see `Translator`.
     """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such directory (expected a run directory or a SavedModel).")
@@ -434,8 +442,8 @@ def load_translator(
                 f"{path} is a SavedModel, which decodes as exported (beam search): sampling needs the "
                 "training run directory."
             )
-        defaults = (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None)
-        if (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint) != defaults:
+        given = (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint, no_repeat_ngram_size)
+        if given != (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None, 0):
             logger.warning("%s is a SavedModel: decoding options were fixed at export; ignoring the ones given.", path)
         return SavedModelTranslator(path)
     return Translator.from_run_dir(
@@ -447,4 +455,5 @@ def load_translator(
         dtype=precision,
         checkpoint=checkpoint,
         sampling=sampling,
+        no_repeat_ngram_size=no_repeat_ngram_size,
     )
