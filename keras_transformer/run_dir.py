@@ -141,9 +141,17 @@ def weights_file_problem(path, sha256=None):
     return None
 
 
+def temporary_path(path):
+    """Where this process writes `path` before renaming it into place: `tmp-PID-NAME` beside it.
+
+    `is_temporary_name` recognizes the name, so a run removes what a killed process left.
+    """
+    return os.path.join(os.path.dirname(path), f"tmp-{os.getpid()}-{os.path.basename(path)}")
+
+
 def save_model_weights(model, path):
     """Model weights only (no optimizer) to a `.weights.h5`, atomically."""
-    tmp = os.path.join(os.path.dirname(path), f"tmp-{os.getpid()}-{os.path.basename(path)}")
+    tmp = temporary_path(path)
     compat.save_weights_without_optimizer(model, tmp)
     os.replace(tmp, path)
 

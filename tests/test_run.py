@@ -170,6 +170,7 @@ def test_checkpoint_rotation_keeps_checkpoints_past_the_step(tmp_path, monkeypat
         _checkpoint(tmp_path, step)
     monkeypatch.setattr(run, "save_backup", lambda model, step: None)
     monkeypatch.setattr(run_module, "save_model_weights", lambda model, path: _weights_file(pathlib.Path(path)))
+    monkeypatch.setattr(run_module.disk, "state_bytes", lambda model, optimizer=True: 0)  # no model to measure
     run.save_checkpoint(model=None, step=4)
     assert [step for step, _ in run_layout.list_checkpoints(tmp_path)] == [3, 4, 50]
 

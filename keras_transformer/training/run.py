@@ -29,8 +29,10 @@ from keras_transformer.run_dir import (
     list_checkpoints,
     read_config,
     save_model_weights,
+    temporary_path,
     weights_file_problem,
 )
+from keras_transformer.training import disk
 from keras_transformer.training.lock import LOCK_FILENAME, RunLock
 from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES
 from keras_transformer.training.strategy import strategy_worker
@@ -166,9 +168,19 @@ class Run:
 
     # -- checkpoints ----------------------------------------------------------
     def save_checkpoint(self, model, step):
-        """Backup (full state) first, then the model-only checkpoint."""
+        """Backup (full state) first, then the model-only checkpoint.
+
+        Raises:
+            disk.DiskFullError: the disk has no room for them (checked first);
+                the run's earlier backup and checkpoints are left whole.
+        """
+        what = f"the checkpoint of step {step}"
+        payload = disk.state_bytes(model) + disk.state_bytes(model, optimizer=False)
+        disk.check_free_space(self.path(CHECKPOINT_DIR), payload, what, self.resume_hint())
         self.save_backup(model, step)
-        save_model_weights(model, checkpoint_path(self.path(CHECKPOINT_DIR), step))
+        path = checkpoint_path(self.path(CHECKPOINT_DIR), step)
+        with disk.stop_when_disk_full(self.path(CHECKPOINT_DIR), [temporary_path(path)], what, self.resume_hint()):
+            save_model_weights(model, path)
         keep = max(self.args.keep_checkpoints, self.args.average_last)
         # Only this run's own line of checkpoints up to `step` rotates: any past it are left alone.
         own = [path for saved, path in list_checkpoints(self.out_dir) if saved <= step]
@@ -182,31 +194,45 @@ class Run:
         backup = self.path(BACKUP_DIR)
         os.makedirs(backup, exist_ok=True)
         name = f"state-{step:08d}.weights.h5"
-        tmp = os.path.join(backup, f"tmp-{os.getpid()}-{name}")
-        model.save_weights(tmp)
-        sha256 = file_sha256(tmp)  # what is on disk, checked again before a resume trusts it
-        os.replace(tmp, os.path.join(backup, name))
-        # The optimizer's updates, to check that a resume loaded its state (`check_optimizer_loaded`).
-        iterations = int(model.optimizer.iterations.numpy())
-        atomic_write_text(
-            os.path.join(backup, BACKUP_STATE_FILENAME),
-            json.dumps(
-                {
-                    "step": step,
-                    "weights": name,
-                    "training_seconds": round(self.training_seconds(), 3),
-                    "iterations": iterations,
-                    "sha256": sha256,
-                },
-                indent=2,
-            ),
-        )
+        tmp = temporary_path(os.path.join(backup, name))
+        state_path = os.path.join(backup, BACKUP_STATE_FILENAME)
+        what, hint = f"the backup of step {step}", self.resume_hint()
+        disk.check_free_space(backup, disk.state_bytes(model), what, hint)
+        with disk.stop_when_disk_full(backup, [tmp, f"{state_path}.tmp-{os.getpid()}"], what, hint):
+            model.save_weights(tmp)
+            sha256 = file_sha256(tmp)  # what is on disk, checked again before a resume trusts it
+            os.replace(tmp, os.path.join(backup, name))
+            # The optimizer's updates, to check that a resume loaded its state (`check_optimizer_loaded`).
+            iterations = int(model.optimizer.iterations.numpy())
+            state = {
+                "step": step,
+                "weights": name,
+                "training_seconds": round(self.training_seconds(), 3),
+                "iterations": iterations,
+                "sha256": sha256,
+            }
+            atomic_write_text(state_path, json.dumps(state, indent=2))
         for old in glob.glob(os.path.join(backup, "state-*.weights.h5")) + glob.glob(os.path.join(backup, "tmp-*")):
             if os.path.basename(old) != name:
                 try:
                     os.remove(old)
                 except FileNotFoundError:
                     pass
+
+    def resume_hint(self):
+        """How the run goes on after it stopped now: the step and file it resumes from, for messages."""
+        try:
+            point = ResumePoint.read(self.path(BACKUP_DIR))
+        except ResumeError:
+            point = None
+        checkpoints = list_checkpoints(self.out_dir)
+        if point is not None:
+            where = f"step {point.step} ({point.weights})"
+        elif checkpoints:
+            where = f"step {checkpoints[-1][0]} ({checkpoints[-1][1]}, with a new optimizer state)"
+        else:
+            return "nothing is saved yet; free space and run the same command again to start the run."
+        return f"the run stopped and resumes from {where}; free space and run the same command again."
 
     def find_resume_point(self):
         """The `ResumePoint` to go on from, or None on a fresh run.
