@@ -234,6 +234,7 @@ RESUME_FIXED_CHANGES = {
     "vocab_size": 1000,
     "subword_sampling": 0.1,
     "batch_tokens": 999,
+    "accumulate_steps": 2,
     "pad_to_multiple_of": 1,
     "seed": 1,
     "batch_multiple": 2,

@@ -26,6 +26,8 @@ Modules:
 - `inputs`: the data files checked before anything is written; the
   vocabulary tied to the data it was learned on.
 - `callbacks`: progress, checkpoints, time budget, CSV and TensorBoard logs.
+- `accumulation`: gradient accumulation, one update from `accumulate_steps`
+  batches (the paper's batch of §5.1 on fewer devices).
 - `averaging`: checkpoint averaging (§6.1).
 - `curves`: `curves.png`.
 - `loop`: `train()`, in named phases.

@@ -8,8 +8,9 @@
 3. `_record_options`: `config.json` on a fresh run; a resume appends what it
    changed to `resumes.jsonl` and keeps the first options file.
 4. `_build_model`: the model, Adam on the schedule of §5.3 and the metrics,
-   under `strategy.scope()`; the backup's weights on a resume, or the weights
-   of `--init-from`'s run on a fresh start.
+   under `strategy.scope()`, updated once every `accumulate_steps` batches
+   (`training.accumulation`); the backup's weights on a resume, or the
+   weights of `--init-from`'s run on a fresh start.
 5. `_fit`: `model.fit` with the callbacks, up to the last step or the time budget.
 6. `_finish`: the final float32 model, averaged over the last checkpoints
    (§6.1), validated, saved as `model.keras`; `curves.png`.
@@ -51,6 +52,7 @@ from keras_transformer.run_dir import (
 from keras_transformer.training import callbacks as run_callbacks
 from keras_transformer.training import init_from
 from keras_transformer.training import strategy as strategies
+from keras_transformer.training.accumulation import accumulate_gradients
 from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
 from keras_transformer.training.curves import plot_curves
 from keras_transformer.training.inputs import check_inputs, tie_vocabulary_to_data
@@ -236,7 +238,7 @@ def _steps_per_epoch(state, num_replicas):
         ):
             if saved_data.get("steps_per_epoch"):
                 return saved_data["steps_per_epoch"]
-    return training_data.batches_per_epoch()
+    return training_data.steps_per_epoch()
 
 
 def _record_options(state):
@@ -300,6 +302,7 @@ def _build_model(state):
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         element_spec = state.training_data.stream(0, state.steps_per_epoch).element_spec
         strategies.work_around_keras_multiworker(model, strategy, element_spec)
+    accumulate_gradients(model, args.accumulate_steps)  # K = 1: the model as it is
     resume = state.resume
     if resume is None and args.init_from:
         with strategy.scope():
@@ -404,10 +407,12 @@ def _print_plan(state):
         f"{state.precision}: --precision auto, {state.precision_reason}" if state.precision_reason else state.precision
     )
     budget = f" or {args.time_budget:g} min of training" if args.time_budget is not None else ""
+    per_step = f" of {args.accumulate_steps} batches" if args.accumulate_steps > 1 else ""
     print(
         f"Training {args.preset} model ({n_params:,} parameters, {shown}) on {args.data} "
         f"{args.src}->{args.tgt}: {state.strategy.num_replicas_in_sync} replica(s), {state.steps_per_epoch} "
-        f"steps/epoch, steps {state.start_step}->{state.total_steps}{budget}, run directory {state.run.run_dir}",
+        f"steps{per_step}/epoch, steps {state.start_step}->{state.total_steps}{budget}, "
+        f"run directory {state.run.run_dir}",
         flush=True,
     )
 

@@ -25,6 +25,7 @@ RESUME_FIXED = (
     "vocab_size",
     "subword_sampling",
     "batch_tokens",
+    "accumulate_steps",
     "pad_to_multiple_of",
     "seed",
     "batch_multiple",
@@ -36,7 +37,7 @@ RESUME_FIXED = (
     "ema",
 )
 # What a run recorded without an option had: its value then, for the resume check.
-RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8, "subword_sampling": 0.0}
+RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8, "subword_sampling": 0.0, "accumulate_steps": 1}
 
 
 @dataclasses.dataclass
@@ -55,6 +56,14 @@ class TrainingArgs:
         src, tgt: language codes.
         batch_tokens: global token budget per batch and side, padding included
             (§5.1 used ~25000 over 8 GPUs).
+        accumulate_steps: batches per optimizer update (gradient
+            accumulation, `training.accumulation`): K batches of
+            `batch_tokens` make one update, that of one batch of K times the
+            tokens, so the paper's batch fits on fewer devices. Steps
+            (`max_steps`, `checkpoint_every`, the schedule's warmup, ...)
+            count updates; an in-memory epoch is the whole updates of one
+            pass (its last batches that make no whole update are left out).
+            1 (default): an update per batch.
         pad_to_multiple_of: length buckets (each batch's padded length) are
             multiples of this (`data.default_bucket_boundaries`): 8 (default)
             gives few batch shapes; 1 gives buckets one or two tokens apart
@@ -145,6 +154,7 @@ class TrainingArgs:
     vocab_size: int = 8000
     max_length: int | None = None
     batch_tokens: int = 4096
+    accumulate_steps: int = 1
     pad_to_multiple_of: int = 8
     validation_split: str | None = "val"
     subword_sampling: float = 0.0
@@ -184,6 +194,7 @@ class TrainingArgs:
         for name in (
             "vocab_size",
             "batch_tokens",
+            "accumulate_steps",
             "pad_to_multiple_of",
             "warmup_steps",
             "checkpoint_every",

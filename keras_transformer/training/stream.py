@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import data
+from keras_transformer.errors import ParameterError
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class TrainingData:
         # Every worker builds the same global batches and keeps its replicas' slices.
         self.options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         self.text = text
+        # Batches per step: one optimizer update takes this many (`training.accumulation`).
+        self.accumulate_steps = args.accumulate_steps
         self.tensors = None
         self._iterator = None  # of a streamed corpus, kept from one fit call to the next (`batches`)
         self.streamed = data.DataSpec.parse(args.data).streamed
@@ -111,6 +114,27 @@ class TrainingData:
         return count_batches_per_epoch(
             self.tensors, self.tokenizer, self.args.batch_tokens, self.max_length, self.num_replicas, self.boundaries
         )
+
+    def steps_per_epoch(self):
+        """Training steps (optimizer updates) per epoch: `batches_per_epoch`, over `accumulate_steps`.
+
+        With accumulation, an in-memory epoch is the whole updates of one pass:
+        the pass's last batches that make no whole update are left out
+        (`stream`). A streamed corpus's `args.steps_per_epoch` counts updates.
+
+        Raises:
+            ParameterError: (`accumulate_steps`) a pass holds fewer batches than one update takes.
+        """
+        batches = self.batches_per_epoch()
+        if self.accumulate_steps == 1 or (self.streamed and (self.args.steps_per_epoch or self.tensors is None)):
+            return batches
+        if 0 < batches < self.accumulate_steps:
+            raise ParameterError(
+                "accumulate_steps",
+                f"({self.accumulate_steps}) is more than the {batches} batches of a pass over the training data: "
+                "no whole update. Give fewer batches per update, or a smaller batch_tokens.",
+            )
+        return batches // self.accumulate_steps
 
     def _shuffled_pairs(self, seed, index):
         """The pairs in memory in the random order number `index` of `seed`."""
@@ -136,14 +160,16 @@ class TrainingData:
         )
 
     def stream(self, start_step, steps_per_epoch):
-        """Batches from global step `start_step` on (infinite).
+        """Batches from global step `start_step` on (infinite); a step takes `accumulate_steps` batches.
 
         In memory: the batches an uninterrupted run has from that step. Streamed:
         a new stream seeded by `start_step`, which does not go on from where an
         interrupted run's stream was. A corpus in memory is read in passes over
         all its pairs, each in a new random order; a tfds split in the order it
         is read (its files in an order of the same seed, `DataSpec.load`'s
-        `shuffle_seed`) through a shuffle buffer of 100,000 pairs.
+        `shuffle_seed`) through a shuffle buffer of 100,000 pairs. With
+        accumulation, an in-memory pass ends after its `steps_per_epoch`
+        whole updates.
         """
         if self.streamed:
             seed = self.args.seed + start_step
@@ -167,20 +193,28 @@ class TrainingData:
             )
         else:
             first_epoch, skip = divmod(start_step, steps_per_epoch)
-            dataset = tf.data.Dataset.range(first_epoch, 2**62).flat_map(self._epoch_batches)
+            epoch_batches, per_step = self._epoch_batches, self.accumulate_steps
+            if per_step > 1:  # each pass: its whole updates only
+
+                def epoch_batches(epoch):
+                    return self._epoch_batches(epoch).take(steps_per_epoch * per_step)
+
+            dataset = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch_batches)
             if skip:
-                dataset = dataset.skip(skip)
+                dataset = dataset.skip(skip * per_step)
             dataset = dataset.prefetch(tf.data.AUTOTUNE)
         return dataset.with_options(self.options)
 
     def batches(self, step, steps_per_epoch, count=None):
-        """The data of one `fit` call from global step `step` on: `count` batches, or no end (None).
+        """The data of one `fit` call from global step `step` on: the batches of `count` steps, or no end (None).
 
         In memory: `stream(step)`. A streamed corpus is read by one iterator,
         made at the process's first call: each later call goes on where the
         previous one stopped (a new `stream` would start over, at the same
         first pairs every epoch).
         """
+        if count is not None:
+            count *= self.accumulate_steps  # batches of `count` steps
         if not self.streamed:
             dataset = self.stream(step, steps_per_epoch)
             return dataset if count is None else dataset.take(count)
