@@ -69,6 +69,21 @@ def test_checkpoint_minutes_reaches_the_training_args(argv, minutes):
     assert parsed(argv).checkpoint_minutes == minutes
 
 
+@pytest.mark.parametrize("argv, steps", [([], 1), (["--accumulate-steps", "4"], 4)])
+def test_accumulate_steps_reaches_the_training_args(argv, steps):
+    assert parsed(argv).accumulate_steps == steps
+
+
+def test_a_refused_accumulation_is_named_by_its_flag(capsys, monkeypatch):
+    monkeypatch.delenv(cli.DEBUG_ENVIRONMENT, raising=False)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["train", "--data", "multi30k", "--output", "run", "--accumulate-steps", "0"])
+    assert raised.value.code == 2
+    assert (
+        capsys.readouterr().err == "keras-transformer train: --accumulate-steps 0: must be a positive integer, got 0.\n"
+    )
+
+
 def test_a_refused_training_value_is_named_by_its_flag(capsys, monkeypatch):
     """A `ParameterError` of `TrainingArgs` names the flag of the field (`--checkpoint-minutes`), in one line."""
     monkeypatch.delenv(cli.DEBUG_ENVIRONMENT, raising=False)

@@ -153,6 +153,15 @@ def _add_data_flags(parser, d):
         help="global tokens per batch and side, padding included (§5.1: ~25000; default %(default)s)",
     )
     data.add_argument(
+        "--accumulate-steps",
+        type=int,
+        default=d.accumulate_steps,
+        metavar="K",
+        help="batches per optimizer update: K batches of --batch-tokens make the update of one batch of "
+        "K times the tokens (gradient accumulation: §5.1's 25000 tokens on fewer devices); steps and "
+        "the schedule count updates (default %(default)s)",
+    )
+    data.add_argument(
         "--pad-to-multiple-of",
         type=int,
         default=d.pad_to_multiple_of,
