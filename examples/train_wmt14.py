@@ -8,7 +8,11 @@ Vaswani et al. (2017), "Attention Is All You Need":
   length. Here: `tfds:wmt14_translate/de-en` (downloaded by TensorFlow
   Datasets on first use; a large download), a joint SentencePiece BPE
   vocabulary of 37000 (`spm.model`, trained once per run directory), and a
-  global budget of 25000 tokens per side, split over the replicas.
+  global budget of 25000 tokens per side, split over the replicas. On
+  fewer than 8 GPUs (`--gpus`, default the visible ones) each update
+  accumulates ceil(8 / GPUs) batches of 25000 / ceil(8 / GPUs) tokens
+  (`--accumulate-steps`, `training.accumulation`): the paper's batch, with
+  at most its 3125 tokens on each GPU at a time.
 - §5.2 hardware and schedule: one machine with 8 P100 GPUs; base models
   100,000 steps (~0.4 s/step, 12 hours), big models 300,000 steps (1.0
   s/step, 3.5 days). `keras_transformer.training.strategy.get_strategy()` picks
@@ -32,6 +36,7 @@ Vaswani et al. (2017), "Attention Is All You Need":
 Run (a machine with GPUs and network access for the tfds download):
 
     python examples/train_wmt14.py --recipe base --output runs/wmt14_base
+    python examples/train_wmt14.py --recipe base --gpus 2 --dry-run   # 4 batches of 6250 tokens per update
     python examples/train_wmt14.py --recipe big --output runs/wmt14_big --precision mixed_float16
     python examples/train_wmt14.py --recipe base --dry-run      # print the configuration only
     python examples/train_wmt14.py --recipe base --output runs/wmt14_base --eval-only
@@ -41,6 +46,8 @@ The same run with the command line tool:
     keras-transformer train --data tfds:wmt14_translate/de-en --src en --tgt de --preset base \\
         --vocab-size 37000 --batch-tokens 25000 --max-steps 100000 --warmup-steps 4000 \\
         --checkpoint-every 1400 --average-last 5 --steps-per-epoch 1000 --output runs/wmt14_base
+
+(on 8 GPUs; on 2, `--batch-tokens 6250 --accumulate-steps 4`).
 
 Run the same command again after an interruption: training continues from
 the last checkpoint (the streamed data is reshuffled, not replayed). After
@@ -61,12 +68,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from keras_transformer import training  # noqa: E402
 from keras_transformer.cli import train as train_cli  # noqa: E402
 
+PAPER_GPUS = 8  # §5.2: "one machine with 8 NVIDIA P100 GPUs"
+PAPER_BATCH_TOKENS = 25000  # §5.1, per side, over the 8 GPUs
+
 COMMON = dict(
     data="tfds:wmt14_translate/de-en",
     src="en",
     tgt="de",
     vocab_size=37000,  # §5.1: shared BPE vocabulary of about 37000 tokens
-    batch_tokens=25000,  # §5.1: ~25000 source + ~25000 target tokens per batch
+    batch_tokens=PAPER_BATCH_TOKENS,  # §5.1: ~25000 source + ~25000 target tokens per batch
     max_length=256,
     validation_split="validation",  # newstest2013
     warmup_steps=4000,  # §5.3
@@ -89,14 +99,46 @@ RECIPES = {
 }
 
 
-def build_parser(recipe):
+def paper_batch(gpus):
+    """`(batch_tokens, accumulate_steps)` that make the paper's batch on `gpus` GPUs (§5.1, §5.2).
+
+    The 25000 tokens of an update come in ceil(8 / gpus) accumulated batches,
+    so that no GPU holds more tokens at a time than each of the paper's 8.
+
+    Example:
+    >>> paper_batch(8), paper_batch(2), paper_batch(3)
+    ((25000, 1), (6250, 4), (8333, 3))
+    """
+    steps = -(-PAPER_GPUS // gpus)
+    return PAPER_BATCH_TOKENS // steps, steps
+
+
+def visible_gpus():
+    """The GPUs training will use (`training.strategy.get_strategy`), or the paper's 8 where there are none."""
+    from keras_transformer import hardware
+
+    return len(hardware.gpu_compute_capabilities()) or PAPER_GPUS
+
+
+def build_parser(recipe, gpus=PAPER_GPUS):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--recipe", choices=sorted(RECIPES), default=recipe, help="the paper's base or big configuration (default base)"
     )
-    train_cli.add_training_arguments(parser, RECIPES[recipe])
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=gpus,
+        help="GPUs to make the paper's batch on: fewer than 8 accumulate ceil(8 / GPUS) batches per update "
+        "(--batch-tokens and --accumulate-steps, if given, win; default: the visible GPUs, 8 without any; "
+        "with TF_CONFIG, give the cluster's total)",
+    )
+    batch_tokens, accumulate_steps = paper_batch(gpus)
+    train_cli.add_training_arguments(
+        parser, dict(RECIPES[recipe], batch_tokens=batch_tokens, accumulate_steps=accumulate_steps)
+    )
     extra = parser.add_argument_group("evaluation")
     extra.add_argument("--dry-run", action="store_true", help="print the configuration and exit")
     extra.add_argument("--eval-only", action="store_true", help="only translate and score newstest2014")
@@ -137,8 +179,14 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     recipe = argparse.ArgumentParser(add_help=False)
     recipe.add_argument("--recipe", choices=sorted(RECIPES), default="base")
-    chosen = recipe.parse_known_args(argv)[0].recipe
-    namespace = build_parser(chosen).parse_args(argv)
+    recipe.add_argument("--gpus", type=int, default=None)
+    known = recipe.parse_known_args(argv)[0]
+    asks_help = {"-h", "--help"} & set(argv)  # answered without loading TensorFlow to count the GPUs
+    gpus = known.gpus if known.gpus is not None else PAPER_GPUS if asks_help else visible_gpus()
+    if gpus < 1:
+        raise SystemExit(f"--gpus {gpus}: must be at least 1.")
+    namespace = build_parser(known.recipe, gpus).parse_args(argv)
+    chosen = namespace.recipe
     args = train_cli.args_from_namespace(namespace)
 
     if namespace.dry_run:

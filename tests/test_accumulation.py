@@ -27,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 K = 4  # batches per update
 UPDATES = 3
 VOCAB = 50
@@ -353,6 +354,34 @@ def test_a_run_recorded_before_accumulation_resumes_only_with_one_batch_per_upda
     other = TrainingArgs(**{**args.to_dict(), "accumulate_steps": 2})
     with pytest.raises(ParameterError, match=r"different accumulate_steps \(1 -> 2\)"):
         check_resume_config(str(tmp_path), other, other.model_config())
+
+
+def test_the_wmt14_example_makes_the_papers_batch_on_the_gpus_it_has(monkeypatch, capsys):
+    """25000 tokens per update (§5.1) with at most the 3125 tokens of each of the paper's 8 GPUs (§5.2)
+    on each GPU at a time; given flags win; without GPUs, the paper's batch in one step."""
+    import importlib.util
+
+    from keras_transformer import hardware
+
+    spec = importlib.util.spec_from_file_location("train_wmt14", ROOT / "examples" / "train_wmt14.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    def planned(argv, gpus=()):
+        monkeypatch.setattr(hardware, "gpu_compute_capabilities", lambda: [(8, 0)] * len(gpus))
+        args = example.main(argv + ["--dry-run"])
+        return args.batch_tokens, args.accumulate_steps
+
+    assert planned([]) == (25000, 1)
+    assert planned([], gpus=[0, 1]) == (6250, 4)
+    assert planned([], gpus=range(8)) == (25000, 1)
+    assert planned(["--gpus", "1"]) == (3125, 8)
+    assert planned(["--gpus", "3"]) == (8333, 3)
+    assert planned(["--gpus", "2", "--accumulate-steps", "2"]) == (6250, 2)
+    assert planned(["--recipe", "big", "--gpus", "4"]) == (12500, 2)
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match=r"^--gpus 0: must be at least 1\.$"):
+        example.main(["--gpus", "0", "--dry-run"])
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["mirrored"]:
