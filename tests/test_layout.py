@@ -79,7 +79,7 @@ def test_the_model_loads_nothing_of_the_pipeline(keras_modules):
         "import numpy as np\n"
         "import keras_transformer\n"
         "from keras_transformer import layers, Transformer, TransformerConfig\n"
-        "import keras_transformer.decoding\n"
+        "from keras_transformer.decoding import beam_search, score_outputs\n"
         "model = Transformer(TransformerConfig.tiny(100, max_length=16))\n"
         "out = model((np.ones((1, 5), 'int32'), np.ones((1, 4), 'int32')))\n" + print_modules("list(out.shape)")
     )
