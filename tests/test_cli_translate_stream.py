@@ -85,7 +85,7 @@ def test_truncated_inputs_are_reported_with_their_line_numbers(tiny_run_dir, tmp
     assert len(warnings) == 2
     for warning, number in zip(warnings, (2, 4)):
         assert warning.startswith(f"keras-transformer translate: warning: {source} line {number}: ")
-        assert "subwords, translated from its first 31 (the model's maximum input length is 32 tokens)." in warning
+        assert "subwords, translated from its first 31 (the model reads at most 32 tokens, 2048 bytes, of a " in warning
     assert cli.main(["translate", "--model", tiny_run_dir, "--max-extra-length", "2", "A dog.", long]) == 0
     assert "warning: sentence 2: " in capsys.readouterr().err
 
@@ -101,5 +101,7 @@ def test_a_saved_model_reports_truncation_too(tiny_run_dir, tmp_path):
     saved = SavedModelTranslator(path)
     long = " ".join(["A dog runs on the beach."] * 20)
     assert saved.max_input_length == 32
-    assert [index for index, _ in truncated_sentences(saved, ["A dog.", long])] == [1]
+    assert (saved.max_input_length, saved.max_input_bytes) == (32, 2048)
+    huge = "A dog. " * 1000  # 7,000 bytes: cut to 2,048 before its subwords are counted
+    assert [(i, size) for i, _, size in truncated_sentences(saved, ["A dog.", long, huge])] == [(1, None), (2, 7000)]
     assert [t for t, _ in translate_stream(saved, ["A dog.", long])] == saved.translate(["A dog.", long])

@@ -221,6 +221,7 @@ def test_layout_and_asset(exported, run_dir, served):
         "alpha": 0.6,
         "max_extra_length": EXTRA,
         "max_input_length": MAX_LENGTH,
+        "max_input_bytes": 64 * MAX_LENGTH,
         "early_stopping": "exact",
         "max_batch_size": 1024,
     }
@@ -413,6 +414,7 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
         "alpha": 0.6,
         "max_extra_length": EXTRA,
         "max_input_length": MAX_LENGTH,
+        "max_input_bytes": 64 * MAX_LENGTH,
         "early_stopping": "k_finished",
         "max_batch_size": 1024,
     }
@@ -436,6 +438,8 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
         str(EXTRA),
         "--max-input-length",
         "8",
+        "--max-input-bytes",
+        "300",
         "--early-stopping",
         "k_finished",
         "--checkpoint",
@@ -458,6 +462,7 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
         "alpha": 0.3,
         "max_extra_length": EXTRA,
         "max_input_length": 8,
+        "max_input_bytes": 300,
         "early_stopping": "k_finished",
         "max_batch_size": 1024,
     }
@@ -467,7 +472,14 @@ def test_export_applies_and_records_every_decoding_option(run_dir, tmp_path):
     test = read_lines("test2016", "en")
     items = _bytes([test[0], "", test[1] + " " + test[2], "A dog."])
     model, tokenizer = load_run(run, checkpoint="latest")
-    options = dict(beam_size=2, alpha=0.3, max_extra_length=EXTRA, max_input_length=8, early_stopping="k_finished")
+    options = dict(
+        beam_size=2,
+        alpha=0.3,
+        max_extra_length=EXTRA,
+        max_input_length=8,
+        max_input_bytes=300,
+        early_stopping="k_finished",
+    )
     expected_translations, expected_scores = _in_process(Translator(model, tokenizer, **options), items)
     served = _serve_in_fresh_process(first, {"options": items}, tmp_path / "cases.json")
     for result in (served["results"]["options"], served["session_results"]["options"]):

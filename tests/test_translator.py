@@ -56,6 +56,27 @@ def test_empty_batch_gives_empty_outputs(translator):
     assert translator.translate([]) == []
 
 
+def test_a_sentence_is_cut_to_max_input_bytes_before_it_is_read(translator):
+    """The bound (64 bytes per token by default) applies before normalization: spaces that normalization would
+    collapse still count, so a sentence whose words come after the bound is translated without them."""
+    max_bytes = translator.max_input_bytes
+    assert max_bytes == 64 * translator.max_input_length == 1024
+    padded = "A dog." + " " * max_bytes + "Two men are playing soccer on a green field."
+    texts, scores = run(translator, [padded, "A dog."])
+    assert texts[0] == texts[1] and scores[0] == pytest.approx(scores[1])
+    unbounded = Translator(
+        translator.model, translator.tokenizer, beam_size=2, max_extra_length=4, max_input_bytes=10 * max_bytes
+    )
+    assert run(unbounded, [padded])[1][0] != pytest.approx(scores[1])  # the words after the spaces, read
+    # A character cut in two by the bound is dropped, not replaced by U+FFFD; a shorter sentence is untouched.
+    cut = "a" * (max_bytes - 1) + "ä" + "b" * 10
+    bounded = translator.bounded(tf.constant([cut, "\u00e4 ok", "x" * max_bytes], tf.string)).numpy()
+    assert [b.decode("utf-8") for b in bounded] == ["a" * (max_bytes - 1), "\u00e4 ok", "x" * max_bytes]
+    assert translator.bounded(tf.constant([b"\xff ok"])).numpy()[0] == b"\xff ok"  # repaired later, as before
+    with pytest.raises(ValueError, match="max_input_bytes must be a positive integer"):
+        Translator(translator.model, translator.tokenizer, max_input_bytes=-1)
+
+
 def test_invalid_utf8_is_replaced_not_fatal(translator):
     """Each invalid byte becomes U+FFFD: the answer is that of the repaired sentence."""
     texts, scores = run(translator, [b"A dog \xff\xfe runs.", b"\xc3"])

@@ -73,6 +73,7 @@ PARAMETER_FLAGS = {
     "export": {
         **_DECODING_FLAGS,
         "max_input_length": "--max-input-length",
+        "max_input_bytes": "--max-input-bytes",
         "checkpoint": "--checkpoint",
         "dtype": "--precision",
         "n_best": "--n-best",

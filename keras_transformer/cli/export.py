@@ -44,6 +44,13 @@ def register(subparsers):
         "an export's recorded one)",
     )
     parser.add_argument(
+        "--max-input-bytes",
+        type=int,
+        default=None,
+        help="a request's sentence is cut to this many bytes before it is tokenized, bounding its cost "
+        "(default: 64 per token of --max-input-length; an export's recorded one)",
+    )
+    parser.add_argument(
         "--checkpoint",
         default=None,
         help="export this checkpoint (path or 'latest') instead of the final model.keras (default: model.keras)",
@@ -114,6 +121,7 @@ def run(args):
                 max_extra_length=args.max_extra_length,
                 overwrite=args.overwrite,
                 max_input_length=args.max_input_length,
+                max_input_bytes=args.max_input_bytes,
                 checkpoint=args.checkpoint,
                 early_stopping=args.early_stopping,
                 no_repeat_ngram_size=args.no_repeat_ngram_size,

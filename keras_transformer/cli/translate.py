@@ -76,7 +76,7 @@ def run(args):
 
     with native_logs_silenced():  # a SavedModel's vocabulary is read here
         truncated = truncated_sentences(translator, sentences)
-    report_truncated(args, truncated, translator.max_input_length)
+    report_truncated(args, truncated, translator)
     results = translate_stream(
         translator,
         sentences,
@@ -110,15 +110,23 @@ def write_result(index, result, n_best):
 MAX_TRUNCATED_REPORTED = 10
 
 
-def report_truncated(args, truncated, max_input_length):
+def report_truncated(args, truncated, translator):
     """Says on stderr which inputs are longer than the model reads, and so are translated from their beginning."""
     if not truncated:
         return
     where = "sentence" if args.sentences else f"{args.input if args.input and args.input != '-' else '<stdin>'} line"
-    for index, pieces in truncated[:MAX_TRUNCATED_REPORTED]:
+    length, max_bytes = translator.max_input_length, translator.max_input_bytes
+    for index, pieces, size in truncated[:MAX_TRUNCATED_REPORTED]:
+        if size is None:
+            what = f"{pieces} subwords, translated from its first {length - 1}"
+        else:
+            what = (
+                f"{size} bytes, translated from its first {max_bytes} bytes' first {min(pieces, length - 1)} subwords"
+            )
+        limits = f"{length} tokens, {max_bytes} bytes," if max_bytes else f"{length} tokens"
         print(
-            f"keras-transformer translate: warning: {where} {index + 1}: {pieces} subwords, translated from "
-            f"its first {max_input_length - 1} (the model's maximum input length is {max_input_length} tokens).",
+            f"keras-transformer translate: warning: {where} {index + 1}: {what} (the model reads at most "
+            f"{limits} of a sentence).",
             file=sys.stderr,
         )
     if len(truncated) > MAX_TRUNCATED_REPORTED:

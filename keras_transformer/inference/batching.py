@@ -187,17 +187,32 @@ def translate_stream(
 
 
 def truncated_sentences(translator, sentences):
-    """`(index, pieces)` of the sentences longer than the translator reads (its `max_input_length`, EOS included).
+    """`(index, pieces, size)` of the sentences longer than the translator reads.
 
-    Such a sentence is translated from its first `max_input_length - 1`
-    subwords (`Translator.source_ids`); None where the translator does not
-    say how long its inputs may be.
+    A sentence is cut to the translator's `max_input_bytes` (`size`: its
+    length in bytes if it was, else None), then translated from its first
+    `max_input_length - 1` subwords (`Translator.source_ids`); `pieces`
+    counts the subwords of what is left after the cut. None where the
+    translator does not say how long its inputs may be.
     """
     limit = getattr(translator, "max_input_length", None)
     if not limit or not sentences:
         return []
+    max_bytes = getattr(translator, "max_input_bytes", None)
+    sizes = [len(sentence.encode("utf-8", "surrogateescape")) for sentence in sentences]
+    if max_bytes:  # as `Translator.bounded` cuts them, and so never tokenized whole here either
+        sentences = [
+            sentence.encode("utf-8", "surrogateescape")[:max_bytes].decode("utf-8", "ignore")
+            if size > max_bytes
+            else sentence
+            for sentence, size in zip(sentences, sizes)
+        ]
     pieces = translator.source_pieces(list(sentences))
-    return [(index, int(count)) for index, count in enumerate(pieces) if count > limit - 1]
+    return [
+        (index, int(count), size if max_bytes and size > max_bytes else None)
+        for index, (count, size) in enumerate(zip(pieces, sizes))
+        if count > limit - 1 or (max_bytes and size > max_bytes)
+    ]
 
 
 def _check_options(translator, batch_size, workers, n_best):

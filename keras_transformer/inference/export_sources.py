@@ -53,6 +53,7 @@ class DecodingOptions:
     max_input_length: int | None = None
     early_stopping: str | None = None
     no_repeat_ngram_size: int | None = None
+    max_input_bytes: int | None = None
 
     def given(self):
         """The options given, as a dict (those that are not None)."""
@@ -69,6 +70,7 @@ RUN_DECODING_DEFAULTS = dict(
     max_input_length=None,
     early_stopping=DEFAULT_EARLY_STOPPING,
     no_repeat_ngram_size=0,
+    max_input_bytes=None,
 )
 
 
@@ -81,6 +83,7 @@ def with_decoding(translator, decoding=None):
     changes = {k: v for k, v in (decoding or DecodingOptions()).given().items() if v != current[k]}
     if not changes:
         return translator
+    _follow_input_length(current, changes, current)
     return Translator(
         translator.model,
         translator.tokenizer,
@@ -128,9 +131,22 @@ def translator_of_export(export_dir, decoding=None, dtype=None):
     model, tokenizer, info = load_export(export_dir, dtype=dtype)
     recorded = info.get("decoding", {})
     options = {**RUN_DECODING_DEFAULTS, **{k: v for k, v in recorded.items() if k in DECODING_OPTION_NAMES}}
-    options.update((decoding or DecodingOptions()).given())
+    given = (decoding or DecodingOptions()).given()
+    options.update(given)
+    _follow_input_length(options, given, recorded)
     limits = dict(max_batch_size=recorded["max_batch_size"]) if recorded.get("max_batch_size") else {}
     return Translator(model, tokenizer, **limits, **options)
+
+
+def _follow_input_length(options, given, previous):
+    """Lets a bytes bound that was the default for the previous `max_input_length` (`BYTES_PER_TOKEN` per token)
+    follow a new one given without a bound of its own: `options["max_input_bytes"]` becomes None (the default)."""
+    from keras_transformer.inference.translator import BYTES_PER_TOKEN
+
+    if "max_input_length" not in given or "max_input_bytes" in given:
+        return
+    if previous.get("max_input_bytes") == BYTES_PER_TOKEN * (previous.get("max_input_length") or 0):
+        options["max_input_bytes"] = None
 
 
 def run_training_options(run_dir):

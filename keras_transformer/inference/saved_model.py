@@ -454,6 +454,7 @@ def _export_info(translator, version, n_best, precision_choice):
             "alpha": translator.alpha,
             "max_extra_length": translator.max_extra_length,
             "max_input_length": translator.max_input_length,
+            "max_input_bytes": translator.max_input_bytes,
             "early_stopping": translator.early_stopping,
             "max_batch_size": translator.max_batch_size,
             "score": "log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| counting the end token",

@@ -14,7 +14,11 @@ Defined answers for awkward input (no crash, no hang):
 - an empty or blank sentence gets an empty translation and score 0;
 - invalid UTF-8 bytes are replaced by U+FFFD before tokenization;
 - a sentence longer than the model's `max_length` tokens is truncated (its
-  output is then bounded by `max_length + max_extra_length`);
+  output is then bounded by `max_length + max_extra_length`); before that,
+  a sentence is cut to `max_input_bytes` bytes (by default 64 per token the
+  model reads, more than SentencePiece's longest piece of 16 characters
+  takes), so that one huge request costs no more time or memory than the
+  longest sentence the model reads;
 - an empty batch gives empty outputs;
 - and a clear error, not a crash inside the graph, for what is not a batch
   of sentences: more than `max_batch_size` (1024) sentences in one call,
@@ -49,6 +53,10 @@ logger = logging.getLogger(__name__)
 # The most sentences one call of `translate_strings` (one serving request) takes; more is an error.
 MAX_BATCH_SIZE = 1024
 
+# A sentence is cut to this many bytes per token the model reads (`max_input_length`) before it is
+# tokenized: SentencePiece's longest piece is 16 characters of at most 4 bytes.
+BYTES_PER_TOKEN = 64
+
 
 class Translator(tf.Module):
     """Translates sentences with a trained `Transformer` and its `Tokenizer` (§6.1 decoding).
@@ -74,6 +82,10 @@ class Translator(tf.Module):
         no_repeat_ngram_size: N > 0: no translation repeats an N-gram of
             subwords (n-gram blocking, in every search: see
             `keras_transformer.decoding.beam_search`); 0 (default): off.
+        max_input_bytes: a sentence is cut to its first this many bytes (a
+            character cut in two dropped) before it is normalized and
+            tokenized, so the work per sentence is bounded whatever its
+            size. Default: `BYTES_PER_TOKEN` (64) times `max_input_length`.
 
     Attributes:
         search: the search as a `tf.function`, source ids `[B, S]` ->
@@ -111,6 +123,7 @@ class Translator(tf.Module):
         sampling=None,
         max_batch_size=MAX_BATCH_SIZE,
         no_repeat_ngram_size=0,
+        max_input_bytes=None,
         name="translator",
     ):
         super().__init__(name=name)
@@ -131,6 +144,9 @@ class Translator(tf.Module):
                 f"max_input_length {self.max_input_length} exceeds the model's max_length "
                 f"{model.config.max_length}, the size of its learned position table."
             )
+        self.max_input_bytes = int(max_input_bytes or BYTES_PER_TOKEN * self.max_input_length)
+        if isinstance(max_input_bytes, bool) or self.max_input_bytes < 1:
+            raise ParameterError("max_input_bytes", f"must be a positive integer, got {max_input_bytes!r}.")
         self.sampling = dict(sampling) if sampling else None
         options = dict(max_extra_length=self.max_extra_length, no_repeat_ngram_size=no_repeat_ngram_size)
         if self.sampling:
@@ -161,6 +177,18 @@ class Translator(tf.Module):
         sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
         return normalize_in_graph(tf.strings.regex_replace(sentences, "^\ufeff", ""))
 
+    def bounded(self, inputs):
+        """Sentences `[N]` cut to their first `max_input_bytes` bytes, a character cut in two dropped.
+
+        Before anything else reads them (normalization, tokenization), so that
+        their cost does not grow with what a request sends.
+        """
+        head = tf.strings.unicode_transcode(
+            tf.strings.substr(inputs, 0, self.max_input_bytes), "UTF-8", "UTF-8", errors="replace"
+        )
+        cut = tf.strings.length(inputs) > self.max_input_bytes
+        return tf.where(cut, tf.strings.regex_replace(head, "\ufffd+$", ""), inputs)
+
     def source_pieces(self, sentences):
         """The subword count of each sentence (a list of str) as `source_ids` reads it, before truncation."""
         return count_source_pieces(self.tokenizer, sentences)
@@ -184,7 +212,7 @@ class Translator(tf.Module):
         the end token, for every beam size (greedy too); 0 for a blank input.
         """
         inputs = self._checked_inputs(inputs)
-        sentences = self.normalized(inputs)
+        sentences = self.normalized(self.bounded(inputs))
         blank = tf.equal(tf.strings.length(sentences), 0)
 
         def run():
@@ -250,7 +278,7 @@ class Translator(tf.Module):
 
     def _n_best_graph(self, inputs, n_best):
         inputs = self._checked_inputs(inputs)
-        sentences = self.normalized(inputs)
+        sentences = self.normalized(self.bounded(inputs))
         blank = tf.equal(tf.strings.length(sentences), 0)[:, None]  # [N, 1]
 
         def run():
@@ -336,11 +364,13 @@ class SavedModelTranslator:
         self._serve = self._loaded.signatures[SIGNATURE_NAME]
         self.max_batch_size = None  # a SavedModel not written by keras-transformer
         self.max_input_length = None
+        self.max_input_bytes = None
         self._tokenizer = None
         if is_export_dir(self.path):
             decoding = read_export_info(self.path).get("decoding", {})
             self.max_batch_size = decoding.get("max_batch_size")
             self.max_input_length = decoding.get("max_input_length")
+            self.max_input_bytes = decoding.get("max_input_bytes")
 
     def source_pieces(self, sentences):
         """The subword count of each sentence, by the export's own vocabulary (`assets/spm.model`)."""
