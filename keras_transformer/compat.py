@@ -14,6 +14,8 @@ loads nothing.
   `swap_ema_weights`.
 - tensorflow-text and SavedModels: `shared_sentencepiece_resource`,
   `attach_sentencepiece_resource`, `serialized_saved_model`.
+- LiteRT: `frozen_function`, `tflite_interpreter_with_custom_ops`,
+  `tflite_operator_names`, `tflite_text_op_registerers`.
 """
 
 
@@ -260,3 +262,116 @@ def swap_ema_weights(model):
         training_value = variable.numpy()
         variable.assign(average.numpy())
         average.assign(training_value)
+
+
+def frozen_function(concrete_function):
+    """`concrete_function` with the variables it reads turned into constants (for the LiteRT converter).
+
+    The LiteRT export rewrites the frozen graph before converting it
+    (`inference.litert_graph`); TensorFlow's freezing is its private
+    `convert_to_constants.convert_variables_to_constants_v2`.
+
+    Args:
+        concrete_function: a `tf.function`'s concrete function.
+
+    Returns:
+        A concrete function of the same inputs and (flattened) outputs, without variables.
+    """
+    from tensorflow.python.framework import convert_to_constants
+
+    # Control flow stays functional (While and If ops with their functions), as the converter takes it.
+    return convert_to_constants.convert_variables_to_constants_v2(concrete_function, lower_control_flow=False)
+
+
+def tflite_interpreter_with_custom_ops(model_path, custom_op_registerers, op_resolver_type=None, num_threads=None):
+    """TensorFlow's LiteRT interpreter for `model_path`, with custom op registerers (tensorflow-text's ops).
+
+    `tf.lite.Interpreter` takes no `custom_op_registerers`; its subclass
+    that does, `InterpreterWithCustomOps`, is TensorFlow's private
+    `tensorflow.lite.python.interpreter.InterpreterWithCustomOps` (the one
+    tensorflow-text documents for its LiteRT ops).
+
+    Args:
+        model_path: a `.tflite` file.
+        custom_op_registerers: functions (or names) that register custom ops, e.g.
+            `tensorflow_text.tflite_registrar.SELECT_TFTEXT_OPS`.
+        op_resolver_type: a `tf.lite.experimental.OpResolverType`; None: the default (XNNPACK where it applies).
+        num_threads: the interpreter's threads; None: its default.
+
+    Returns:
+        The interpreter.
+    """
+    import tensorflow as tf
+    from tensorflow.lite.python import interpreter
+
+    return interpreter.InterpreterWithCustomOps(
+        model_path=model_path,
+        custom_op_registerers=list(custom_op_registerers),
+        experimental_op_resolver_type=op_resolver_type or tf.lite.experimental.OpResolverType.AUTO,
+        num_threads=num_threads,
+    )
+
+
+def tflite_operator_names(flatbuffer):
+    """The name of every operator in every subgraph of a LiteRT flatbuffer; custom ops as "CUSTOM:<name>".
+
+    Reads the flatbuffer with TensorFlow's private schema module
+    `tensorflow.lite.python.schema_py_generated` (its public analyzer only prints a report).
+
+    Args:
+        flatbuffer: the model's bytes.
+
+    Returns:
+        A list of str, in subgraph and execution order.
+    """
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(flatbuffer, 0))
+    builtin_names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    names = []
+    for subgraph in model.subgraphs:
+        for operator in subgraph.operators:
+            code = model.operatorCodes[operator.opcodeIndex]
+            # Codes past 127 live in `builtinCode` only; older ones in both (the deprecated field first).
+            builtin = max(code.builtinCode, code.deprecatedBuiltinCode)
+            name = builtin_names.get(builtin, str(builtin))
+            names.append(f"CUSTOM:{code.customCode.decode()}" if name == "CUSTOM" else name)
+    return names
+
+
+def tflite_text_op_registerers():
+    """tensorflow-text's LiteRT op registerers, for `tflite_interpreter_with_custom_ops`.
+
+    They are `tensorflow_text.tflite_registrar.SELECT_TFTEXT_OPS`, the
+    functions of its extension module `core/pybinds/tflite_registrar`. Importing
+    the `tensorflow_text` package also imports its Keras layers, and so Keras;
+    a LiteRT translator needs neither, so while the package is not imported
+    the extension module is loaded from its file alone (a private path).
+
+    Returns:
+        A list of the registerer functions.
+    """
+    import importlib.util
+    import os
+    import sys
+
+    name = "tensorflow_text.core.pybinds.tflite_registrar"
+    if "tensorflow_text" in sys.modules:
+        import tensorflow_text
+
+        return list(tensorflow_text.tflite_registrar.SELECT_TFTEXT_OPS)
+    if name not in _LOADED_EXTENSIONS:  # an extension module is initialized once per process
+        import tensorflow  # noqa: F401  (loads libtensorflow_framework, which the extension links)
+
+        package = importlib.util.find_spec("tensorflow_text")
+        path = os.path.join(package.submodule_search_locations[0], "core", "pybinds", "tflite_registrar.so")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _LOADED_EXTENSIONS[name] = module
+    module = _LOADED_EXTENSIONS[name]
+    return [getattr(module, attr) for attr in sorted(dir(module)) if attr.startswith("Add")]
+
+
+# Extension modules `tflite_text_op_registerers` loaded from their files, by module name.
+_LOADED_EXTENSIONS = {}

@@ -285,6 +285,52 @@ def test_swap_ema_weights():
         np.testing.assert_array_equal(variable.numpy(), value)
 
 
+def test_frozen_function():
+    variable = tf.Variable([1.0, 2.0])
+    function = tf.function(lambda x: {"y": x * variable}, input_signature=[tf.TensorSpec([None], tf.float32)])
+    frozen = compat.frozen_function(function.get_concrete_function())
+    assert not frozen.captured_inputs
+    assert "ReadVariableOp" not in {op.type for op in frozen.graph.get_operations()}
+    np.testing.assert_allclose(frozen(tf.constant([3.0, 4.0]))[0].numpy(), [3.0, 8.0])
+
+
+def test_tflite_operator_names_and_interpreter_with_text_ops(tmp_path):
+    """A LiteRT file with a builtin and a tensorflow-text op: its op names, and an interpreter that runs it."""
+    import tensorflow_text as tf_text
+
+    module = tf.Module()
+    module.split = tf.function(
+        lambda inputs: {"bytes": tf.cast(tf_text.ByteSplitter().split(inputs).flat_values, tf.int32) + 1},
+        input_signature=[tf.TensorSpec([None], tf.string, name="inputs")],
+    )
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.split.get_concrete_function()], module)
+    converter.allow_custom_ops = True
+    flatbuffer = converter.convert()
+    names = compat.tflite_operator_names(flatbuffer)
+    assert "CUSTOM:TFText>ByteSplitWithOffsets" in names and "ADD" in names
+    path = tmp_path / "split.tflite"
+    path.write_bytes(flatbuffer)
+    reference = tf.lite.experimental.OpResolverType.BUILTIN_REF
+    interpreter = compat.tflite_interpreter_with_custom_ops(str(path), compat.tflite_text_op_registerers(), reference)
+    out = interpreter.get_signature_runner()(inputs=np.array([b"ab", b"c"], dtype=object))
+    assert out["bytes"].tolist() == [98, 99, 100]
+
+
+def test_tflite_text_op_registerers_without_importing_tensorflow_text():
+    """Loaded from tensorflow-text's extension module alone: its package (which imports Keras) stays out."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from keras_transformer import compat; registerers = compat.tflite_text_op_registerers(); "
+        "print(len(registerers), 'tensorflow_text' in sys.modules, compat.tflite_text_op_registerers() == registerers)"
+    )
+    environ = dict(__import__("os").environ, TF_CPP_MIN_LOG_LEVEL="3")
+    output = subprocess.run([sys.executable, "-c", probe], env=environ, capture_output=True, text=True, check=True)
+    count, imported, same = output.stdout.split()[-3:]
+    assert int(count) >= 2 and imported == "False" and same == "True"
+
+
 # ---- No private Keras / TensorFlow name outside compat.py ----
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "keras_transformer"
