@@ -289,6 +289,18 @@ def test_request_limit_and_n_best(litert_path):
     assert isinstance(load_litert_translator(litert_path, options_given=True), LiteRTTranslator)
 
 
+def test_load_translator_takes_a_litert_file(litert_path, caplog):
+    from keras_transformer.inference import load_translator
+    from keras_transformer.inference.litert import LiteRTTranslator
+
+    assert isinstance(load_translator(str(litert_path)), LiteRTTranslator)
+    assert not caplog.records
+    assert isinstance(load_translator(str(litert_path), beam_size=2), LiteRTTranslator)
+    assert "decoding options were fixed at export" in caplog.text
+    with pytest.raises(ValueError, match="sampling"):
+        load_translator(str(litert_path), sampling={"top_k": 5})
+
+
 def test_what_the_file_cannot_hold_is_refused(tmp_path, translator, litert_path):
     from keras_transformer.data.corpora import read_lines
     from keras_transformer.data.tokenizer import train_tokenizer

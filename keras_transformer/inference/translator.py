@@ -459,11 +459,17 @@ def load_translator(
     sampling=None,
     no_repeat_ngram_size=0,
 ):
-    """A translator for a run directory or an exported SavedModel (whose options are fixed at export).
+    """A translator for a run directory, an exported SavedModel or a LiteRT file (options fixed at export).
 
     `sampling`: `dict(top_k=..., temperature=..., seed=...)` to sample instead of searching (run directories).
     `no_repeat_ngram_size`: see `Translator`.
     """
+    from keras_transformer.inference import litert
+
+    given = (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint, no_repeat_ngram_size)
+    given = given != (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None, 0)
+    if litert.is_litert_file(path):
+        return litert.load_litert_translator(path, options_given=given, sampling=sampling)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such directory (expected a run directory or a SavedModel).")
     if is_saved_model(path):
@@ -472,8 +478,7 @@ def load_translator(
                 f"{path} is a SavedModel, which decodes as exported (beam search): sampling needs the "
                 "training run directory."
             )
-        given = (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint, no_repeat_ngram_size)
-        if given != (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None, 0):
+        if given:
             logger.warning("%s is a SavedModel: decoding options were fixed at export; ignoring the ones given.", path)
         return SavedModelTranslator(path)
     return Translator.from_run_dir(
