@@ -29,11 +29,9 @@ Defined answers for awkward input (no crash, no hang):
 import logging
 import os
 
-import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
-from keras_transformer.data.text import normalize_in_graph
 from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
@@ -44,8 +42,14 @@ from keras_transformer.decoding.defaults import (
 )
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.batching import translate_in_batches
-from keras_transformer.inference.export_dirs import is_export_dir, read_export_info
-from keras_transformer.inference.signatures import INPUT_NAME, N_BEST_SIGNATURE_NAME, SIGNATURE_NAME
+from keras_transformer.inference.saved_model_translator import (  # noqa: F401  (their home before)
+    SavedModelTranslator,
+    is_saved_model,
+    resolve_saved_model_dir,
+)
+from keras_transformer.inference.sentences import count_source_pieces
+from keras_transformer.inference.sentences import normalized as normalized_sentences
+from keras_transformer.inference.signatures import INPUT_NAME
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
@@ -170,12 +174,8 @@ class Translator(tf.Module):
 
     # In-graph -------------------------------------------------------------------
 
-    @staticmethod
-    def normalized(sentences):
-        """Sentences `[N]` as the training data was read: valid UTF-8 (U+FFFD for invalid bytes), no leading
-        byte-order mark, runs of spaces and tabs as one space, no whitespace at either end (Unicode's too)."""
-        sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
-        return normalize_in_graph(tf.strings.regex_replace(sentences, "^\ufeff", ""))
+    # Sentences `[N]` as the training data was read (`sentences.normalized`).
+    normalized = staticmethod(normalized_sentences)
 
     def bounded(self, inputs):
         """Sentences `[N]` cut to their first `max_input_bytes` bytes, a character cut in two dropped.
@@ -346,106 +346,6 @@ class Translator(tf.Module):
 
         model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=resolve_decoding_precision(dtype)[0])
         return cls(model, tokenizer, **options)
-
-
-class SavedModelTranslator:
-    """The same `translate` interface over an exported SavedModel (`serving_default`).
-
-    Its `max_batch_size` is the one the export's `export.json` records (None if it records none).
-    """
-
-    def __init__(self, path):
-        # The export's graph tokenizes with tensorflow-text's ops, which TensorFlow knows only once
-        # tensorflow_text is imported; nothing else may have imported it in this process.
-        import tensorflow_text  # noqa: F401
-
-        self.path = resolve_saved_model_dir(path)
-        self._loaded = tf.saved_model.load(self.path)
-        self._serve = self._loaded.signatures[SIGNATURE_NAME]
-        self.max_batch_size = None  # a SavedModel not written by keras-transformer
-        self.max_input_length = None
-        self.max_input_bytes = None
-        self._tokenizer = None
-        if is_export_dir(self.path):
-            decoding = read_export_info(self.path).get("decoding", {})
-            self.max_batch_size = decoding.get("max_batch_size")
-            self.max_input_length = decoding.get("max_input_length")
-            self.max_input_bytes = decoding.get("max_input_bytes")
-
-    def source_pieces(self, sentences):
-        """The subword count of each sentence, by the export's own vocabulary (`assets/spm.model`)."""
-        if self._tokenizer is None:
-            from keras_transformer.data.tokenizer import Tokenizer
-            from keras_transformer.run_dir import TOKENIZER_FILENAME
-
-            self._tokenizer = Tokenizer(os.path.join(self.path, "assets", TOKENIZER_FILENAME))
-        return count_source_pieces(self._tokenizer, sentences)
-
-    def translate_strings(self, inputs):
-        return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
-
-    def n_best_strings(self, inputs, n_best):
-        """The export's "translate_n_best" signature, cut to `n_best` (at most the exported N)."""
-        signature = self._loaded.signatures.get(N_BEST_SIGNATURE_NAME)
-        if signature is None:
-            raise ParameterError(
-                "n_best", f"cannot be given: {self.path} was exported without a translate_n_best signature."
-            )
-        exported = signature.structured_outputs["translations"].shape[1]
-        if not 1 <= n_best <= exported:
-            raise ParameterError(
-                "n_best", f"must be between 1 and {exported} (the N this SavedModel was exported with), got {n_best}."
-            )
-        outputs = signature(inputs=tf.convert_to_tensor(inputs, tf.string))
-        return {name: value[:, :n_best] for name, value in outputs.items()}
-
-    def translate(
-        self,
-        sentences,
-        batch_size=DEFAULT_TRANSLATE_BATCH_SIZE,
-        progress=False,
-        return_scores=False,
-        workers=DEFAULT_TRANSLATE_WORKERS,
-        n_best=None,
-    ):
-        """As `Translator.translate`, through the same batching (`batching.translate_in_batches`)."""
-        return translate_in_batches(self, sentences, batch_size, progress, return_scores, workers, n_best)
-
-
-def count_source_pieces(tokenizer, sentences):
-    """The subword count of each of `sentences` (list of str), normalized as the translators read them.
-
-    Example:
-        >>> from keras_transformer.data.corpora import read_lines
-        >>> from keras_transformer.data.tokenizer import train_tokenizer
-        >>> import tempfile
-        >>> tokenizer = train_tokenizer(read_lines("train", "en")[:500], tempfile.mkdtemp() + "/spm", vocab_size=400)
-        >>> counts = count_source_pieces(tokenizer, ["A dog.", "  ", "A dog runs on the beach."])
-        >>> int(counts[1]), bool(counts[2] > counts[0] > 0)
-        (0, True)
-    """
-    if not sentences:
-        return np.zeros([0], np.int64)
-    return tokenizer.tokenize(Translator.normalized(tf.constant(sentences, tf.string))).row_lengths().numpy()
-
-
-def resolve_saved_model_dir(path):
-    """`path` itself if it holds a SavedModel, else its highest numbered version subdirectory."""
-    if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
-        return path
-    versions = [d.rstrip("/") for d in tf.io.gfile.listdir(path) if d.rstrip("/").isdigit()]
-    versions = [v for v in versions if tf.io.gfile.exists(os.path.join(path, v, "saved_model.pb"))]
-    if not versions:
-        raise FileNotFoundError(f"No SavedModel in {path} (no saved_model.pb, no numbered version directory).")
-    return os.path.join(path, max(versions, key=int))
-
-
-def is_saved_model(path):
-    try:
-        resolve_saved_model_dir(path)
-        return True
-    except (FileNotFoundError, tf.errors.NotFoundError):
-        return False
 
 
 def load_translator(
