@@ -76,6 +76,7 @@ from keras_transformer.inference.export_dirs import (
     read_export_info,
     recorded_n_best,
 )
+from keras_transformer.inference.export_info import export_info, inherit_info
 from keras_transformer.inference.export_sources import (
     DECODING_OPTION_NAMES,
     DecodingOptions,
@@ -232,7 +233,7 @@ def export_run(
     write_warmup = warmup_for_export(warmup_sentences, run_dir)  # bad sentences are refused before the slow part
     translator = translator_of_run(run_dir, decoding, checkpoint, dtype)
     n_best = n_best_to_export(n_best, None, translator, run_dir)
-    info = _export_info(translator, version, n_best, precision_choice)
+    info = export_info(translator, version, n_best, precision_choice)
     info.update(source=os.fspath(run_dir), weights=weights_file(os.fspath(run_dir), checkpoint))
     training = run_training_options(os.fspath(run_dir))
     if training:
@@ -288,9 +289,9 @@ def reexport(
     write_warmup = warmup_for_export(warmup_sentences, export_dir)
     translator = translator_of_export(export_dir, decoding, dtype)
     n_best = n_best_to_export(n_best, recorded_n_best(previous), translator, export_dir)
-    info = _export_info(translator, version, n_best, precision_choice)
+    info = export_info(translator, version, n_best, precision_choice)
     info.update(source=os.fspath(export_dir), weights=previous.get("weights"))
-    _inherit(info, previous)
+    inherit_info(info, previous)
     if metadata:
         info["metadata"] = metadata
     return _write_version(translator, output_dir, version, overwrite, info, n_best, write_warmup)
@@ -335,7 +336,7 @@ def export_translator(
     output_dir, version = os.fspath(output_dir), _new_version(output_dir, version, overwrite)
     write_warmup = warmup_for_export(warmup_sentences, translator)
     n_best = n_best_to_export(n_best, None, translator, translator)
-    info = _export_info(translator, version, n_best, None)
+    info = export_info(translator, version, n_best, None)
     if metadata:
         info["metadata"] = metadata
     return _write_version(translator, output_dir, version, overwrite, info, n_best, write_warmup)
@@ -428,73 +429,3 @@ def _write_version(translator, output_dir, version, overwrite, info, n_best, wri
             raise
     logger.info("Exported SavedModel %s in %.1f s", final_dir, time.perf_counter() - start)
     return final_dir
-
-
-# export.json --------------------------------------------------------------------------
-
-
-def _export_info(translator, version, n_best, precision_choice):
-    """`export.json`'s content that the translator alone tells; `source` and `weights` None until the caller's
-    source sets them."""
-    import keras_transformer
-
-    config = translator.model.config
-    info = {
-        "format": "keras_transformer SavedModel for TensorFlow Serving",
-        "signature": {
-            "name": SIGNATURE_NAME,
-            "inputs": {INPUT_NAME: "tf.string [None]"},
-            "outputs": dict(zip(OUTPUT_NAMES, ("tf.string [None]", "float32 [None]"))),
-        },
-        "version": version,
-        "source": None,
-        "weights": None,
-        "decoding": {
-            "beam_size": translator.beam_size,
-            "alpha": translator.alpha,
-            "max_extra_length": translator.max_extra_length,
-            "max_input_length": translator.max_input_length,
-            "max_input_bytes": translator.max_input_bytes,
-            "early_stopping": translator.early_stopping,
-            "max_batch_size": translator.max_batch_size,
-            "score": "log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| counting the end token",
-        },
-        "precision": translator.model.dtype_policy.name,
-        # Why: "auto: the CPU has avx512_bf16", or None when chosen by the caller.
-        "precision_choice": precision_choice,
-        "vocab_size": translator.tokenizer.vocab_size,
-        "model": config.to_dict() if hasattr(config, "to_dict") else None,
-        "keras_transformer_version": keras_transformer.__version__,
-        "tensorflow_version": tf.__version__,
-        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    if translator.sampling:
-        info["decoding"]["sampling"] = translator.sampling
-    if translator.no_repeat_ngram_size:  # recorded when on: an export without it decodes as before it existed
-        info["decoding"]["no_repeat_ngram_size"] = translator.no_repeat_ngram_size
-    if n_best:
-        info["n_best_signature"] = {
-            "name": N_BEST_SIGNATURE_NAME,
-            "n_best": n_best,
-            "inputs": {INPUT_NAME: "tf.string [None]"},
-            "outputs": dict(zip(OUTPUT_NAMES, (f"tf.string [None, {n_best}]", f"float32 [None, {n_best}]"))),
-        }
-    return info
-
-
-def _inherit(info, previous):
-    """Takes into a re-export's `info` what still holds of the `export.json` it comes from (`previous`)."""
-    # The same model: how it was trained stays true, and its recorded scores while it decodes as it did.
-    same_answers = info["decoding"] == previous.get("decoding") and info["precision"] == previous.get("precision")
-    kept = ("training", "metadata") if same_answers else ("training",)
-    info.update({key: previous[key] for key in kept if key in previous})
-    info["reexported_from"] = {
-        key: previous.get(key)
-        for key in ("exported_at", "keras_transformer_version", "tensorflow_version", "source", "reexported_from")
-    }
-    if not same_answers:  # other options or precision: the old scores describe the old export only
-        info["reexported_from"].update(
-            decoding=previous.get("decoding"),
-            precision=previous.get("precision"),
-            metadata=previous.get("metadata"),
-        )
