@@ -317,6 +317,8 @@ def test_what_the_file_cannot_hold_is_refused(tmp_path, translator, litert_path)
         export_litert(sampler, tmp_path / "s.tflite")
     with pytest.raises(ParameterError, match="quantize"):
         export_litert(translator, tmp_path / "q.tflite", quantize="int4")
+    with pytest.raises(ParameterError, match="precision.*float32"):
+        export_litert(translator, tmp_path / "p.tflite", precision="bfloat16")
     with pytest.raises(ParameterError, match="output_path"):
         export_litert(translator, tmp_path / "model.bin")
     with pytest.raises(FileExistsError, match="overwrite"):

@@ -72,7 +72,15 @@ def is_litert_file(path):
 
 
 def export_litert(
-    source, output_path, decoding=None, *, checkpoint=None, quantize=None, overwrite=False, metadata=None
+    source,
+    output_path,
+    decoding=None,
+    *,
+    checkpoint=None,
+    precision="float32",
+    quantize=None,
+    overwrite=False,
+    metadata=None,
 ):
     """Writes the translator of a run, an exported SavedModel or a `Translator` as one LiteRT file.
 
@@ -83,6 +91,9 @@ def export_litert(
         decoding: `DecodingOptions` to fix in the file; those not given are the
             source's own (§6.1's for a run, the recorded ones for an export).
         checkpoint: for a run, a checkpoint (path or "latest") instead of the final model.
+        precision: "float32" (or "auto", or None: the same): LiteRT has no
+            bfloat16 kernels, so the file computes in float32 whatever the
+            model was trained or exported in.
         quantize: None (float32 weights) or "int8": dynamic-range quantization
             (int8 weights, float activations), about a quarter of the size.
         overwrite: replace an existing file.
@@ -100,6 +111,12 @@ def export_litert(
     output_path = os.fspath(output_path)
     if not output_path.endswith(SUFFIX):
         raise ParameterError("output_path", f"must end with {SUFFIX}, got {output_path!r}.")
+    if precision not in (None, "auto", "float32"):
+        raise ParameterError(
+            "precision",
+            f"must be float32 for a LiteRT file (LiteRT has no {precision} kernels; quantize='int8' makes it "
+            "smaller), got " + repr(precision) + ".",
+        )
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ParameterError("quantize", f"must be None or one of {', '.join(QUANTIZATIONS)}, got {quantize!r}.")
     for path in (output_path, info_path(output_path)):
