@@ -106,7 +106,7 @@ def translator_engine(model, sentences, batch_size, workers, kernels="default", 
         set_pools_for(int(workers))
     elif threads != "default":
         raise ValueError(f"threads must be 'cli' or 'default', got {threads!r}")
-    from keras_transformer.inference.translator import load_translator
+    from keras_transformer.inference.loading import load_translator
 
     translator = load_translator(model, beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_extra_length=EXTRA_LENGTH)
     return lambda: translator.translate(sentences, batch_size=int(batch_size), workers=int(workers))

@@ -118,7 +118,7 @@ def translator_from_args(args):
     set_pools_for(DEFAULT_TRANSLATE_WORKERS)
     if not os.path.isdir(args.model):
         raise CommandError(f"--model {args.model}: no such directory (expected a run directory or a SavedModel).")
-    from keras_transformer.inference.translator import load_translator
+    from keras_transformer.inference.loading import load_translator
 
     sampling = None
     top_k, temperature = getattr(args, "sampling_topk", None), getattr(args, "sampling_temperature", None)

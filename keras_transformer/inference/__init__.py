@@ -1,7 +1,9 @@
 """Inference and serving: from a trained model to translations, scores and exported models (§6.1).
 
 - `translator`: `Translator` (tokenizer + model + beam search in one graph),
-  `SavedModelTranslator`, and `load_translator`, which gives either for a path.
+  `SavedModelTranslator`.
+- `loading`: `load_translator`, the translator for a path (a run directory, a
+  SavedModel or a LiteRT file).
 - `batching`: the one batching routine both translators' `translate` use.
 - `saved_model`: a SavedModel for TensorFlow Serving, strings in,
   translations out: `export_run`, `reexport`, `export_translator`, and

@@ -27,7 +27,6 @@ Defined answers for awkward input (no crash, no hang):
 """
 
 import logging
-import os
 
 import tensorflow as tf
 
@@ -346,49 +345,3 @@ class Translator(tf.Module):
 
         model, tokenizer = load_run(run_dir, checkpoint=checkpoint, dtype=resolve_decoding_precision(dtype)[0])
         return cls(model, tokenizer, **options)
-
-
-def load_translator(
-    path,
-    beam_size=DEFAULT_BEAM_SIZE,
-    alpha=DEFAULT_ALPHA,
-    max_extra_length=EXTRA_OUTPUT_LENGTH,
-    early_stopping=DEFAULT_EARLY_STOPPING,
-    precision=None,
-    checkpoint=None,
-    sampling=None,
-    no_repeat_ngram_size=0,
-):
-    """A translator for a run directory, an exported SavedModel or a LiteRT file (options fixed at export).
-
-    `sampling`: `dict(top_k=..., temperature=..., seed=...)` to sample instead of searching (run directories).
-    `no_repeat_ngram_size`: see `Translator`.
-    """
-    from keras_transformer.inference import litert
-
-    given = (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint, no_repeat_ngram_size)
-    given = given != (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None, 0)
-    if litert.is_litert_file(path):
-        return litert.load_litert_translator(path, options_given=given, sampling=sampling)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path}: no such directory (expected a run directory or a SavedModel).")
-    if is_saved_model(path):
-        if sampling:
-            raise ValueError(
-                f"{path} is a SavedModel, which decodes as exported (beam search): sampling needs the "
-                "training run directory."
-            )
-        if given:
-            logger.warning("%s is a SavedModel: decoding options were fixed at export; ignoring the ones given.", path)
-        return SavedModelTranslator(path)
-    return Translator.from_run_dir(
-        path,
-        beam_size=beam_size,
-        alpha=alpha,
-        max_extra_length=max_extra_length,
-        early_stopping=early_stopping,
-        dtype=precision,
-        checkpoint=checkpoint,
-        sampling=sampling,
-        no_repeat_ngram_size=no_repeat_ngram_size,
-    )
