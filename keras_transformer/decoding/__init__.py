@@ -23,6 +23,9 @@ Public API:
   sampling (back-translation), reproducible with a seed.
 - `score_outputs(model, source_ids, output_ids)`: forced decoding, the
   log-probability of given outputs.
+- `target_prefix=` (each search, and `make_decode_fn(..., with_target_prefix=True)`):
+  outputs that start with given tokens, the search continuing them
+  (`keras_transformer.decoding.prefixes`; not in the paper).
 - `length_penalty(length, alpha)`.
 
 Everything runs as one TensorFlow graph: a `tf.while_loop` (whose loop

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from keras_transformer.decoding.defaults import NEG_INF
 from keras_transformer.decoding.encoding import encode_by_length
+from keras_transformer.decoding.prefixes import checked_prefix, prefix_token_at
 from keras_transformer.decoding.steps import make_step_fn
 from keras_transformer.decoding.tokens import forbid_tokens, output_limits, top_allowed_tokens, write_position
 from keras_transformer.special_ids import PAD_ID
@@ -35,6 +36,7 @@ def greedy_search_graph(
     max_extra_length,
     choose_tokens=None,
     no_repeat_ngram_size=0,
+    target_prefix=None,
 ):
     """Untrimmed greedy search: `(token_ids [B, L], scores [B])`.
 
@@ -42,7 +44,9 @@ def greedy_search_graph(
     token (default: the most probable; sampling passes a random draw). The
     score adds the chosen tokens' log-probabilities. A token that would repeat
     an n-gram of its sentence's output (`no_repeat_ngram_size` > 0) is not
-    chosen (`tokens.blocked_ngram_tokens`). In a plain graph,
+    chosen (`tokens.blocked_ngram_tokens`). Where `target_prefix [B, P]`
+    forces a token (`decoding.prefixes`), that token is taken, scored with
+    its log-probability. In a plain graph,
     finished sentences leave the batch, as in `beam_search_graph`, except
     when sampling: a seeded draw depends on the sentence's row in the batch,
     so the batch keeps its rows and a seed always gives the same samples.
@@ -58,30 +62,23 @@ def greedy_search_graph(
         limits=limits,  # [B]
         sentence=tf.range(batch_size),  # [B]: the row of the sentence in the input and results
     )
+    if target_prefix is not None:
+        rows["prefix"] = checked_prefix(target_prefix, limits)  # [B, P + 1]
     results = {"token_ids": rows["token_ids"], "scores": rows["scores"]}
     drops_finished = step.can_select and choose_tokens is None
+    options = dict(min_length=min_length, eos_id=eos_id, no_repeat_ngram_size=no_repeat_ngram_size)
 
     def body(i, rows, results, model_state):
         history = rows["token_ids"][:, None]  # [B, 1, L]
         logits, model_state = step(i, history, model_state)  # [B, 1, V]
+        forced = prefix_token_at(rows["prefix"], i) if target_prefix is not None else None  # [B]
         if choose_tokens is None:
             token_log_probs, tokens = top_allowed_tokens(
-                logits, 1, i, min_length, eos_id, history, no_repeat_ngram_size
+                logits, 1, i, history=history, forced=None if forced is None else forced[:, None], **options
             )  # [B, 1, 1]
             tokens, token_log_probs = tokens[:, 0, 0], token_log_probs[:, 0, 0]  # [B]
         else:
-            # -inf, not NEG_INF: the temperature divides these, and -1e9 / 1e9 would be a likely token.
-            log_probs = forbid_tokens(
-                tf.nn.log_softmax(logits[:, 0]),
-                i,
-                min_length,
-                eos_id,
-                -float("inf"),
-                rows["token_ids"],
-                no_repeat_ngram_size,
-            )
-            tokens = choose_tokens(log_probs, i)
-            token_log_probs = tf.gather(log_probs, tokens, batch_dims=1)
+            tokens, token_log_probs = _sampled_tokens(logits, i, rows["token_ids"], choose_tokens, forced, **options)
         # Finished sentences only append padding and keep their score.
         done = rows["done"]
         tokens = tf.where(done, PAD_ID, tokens)
@@ -100,6 +97,23 @@ def greedy_search_graph(
 
     results = _search_loop(step, cond, body, rows, results, drops_finished)
     return results["token_ids"], results["scores"]
+
+
+def _sampled_tokens(logits, i, token_ids, choose_tokens, forced, min_length, eos_id, no_repeat_ngram_size):
+    """`(tokens, log_probs [B])`: `choose_tokens`' draw from the allowed tokens of `logits [B, 1, V]`.
+
+    `forced [B]`: the tokens target prefixes force (0: none), taken instead
+    of the draw, with their log-probability under the model; None: none.
+    """
+    log_probs = tf.nn.log_softmax(logits[:, 0])
+    # -inf, not NEG_INF: the temperature divides these, and -1e9 / 1e9 would be a likely token.
+    allowed = forbid_tokens(log_probs, i, min_length, eos_id, -float("inf"), token_ids, no_repeat_ngram_size)
+    tokens = choose_tokens(allowed, i)
+    if forced is None:
+        return tokens, tf.gather(allowed, tokens, batch_dims=1)
+    # A drawn token is an allowed one, whose log-probability `allowed` holds unchanged.
+    tokens = tf.where(tf.not_equal(forced, PAD_ID), forced, tokens)
+    return tokens, tf.gather(log_probs, tokens, batch_dims=1)
 
 
 def _search_loop(step, cond, body, rows, results, shrinks, first_body=None):
@@ -145,6 +159,7 @@ def beam_search_graph(
     max_extra_length,
     early_stopping,
     no_repeat_ngram_size=0,
+    target_prefix=None,
 ):
     """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first.
 
@@ -152,6 +167,8 @@ def beam_search_graph(
     results are stored, their rows and cache dropped), so a batch costs what
     its unfinished sentences cost rather than running at full size until its
     slowest sentence ends. Each sentence's computation is the same either way.
+    `target_prefix [B, P]`: the tokens each sentence's outputs start with
+    (`decoding.prefixes`).
     """
     k = beam_size
     batch_size = tf.shape(source_ids)[0]
@@ -161,6 +178,8 @@ def beam_search_graph(
     memory = encode_by_length(model, source_ids)  # [B, S, D]
     step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=k)
     beams = _initial_beams(batch_size, k, buffer_length, limits, alpha)
+    if target_prefix is not None:
+        beams["prefix"] = checked_prefix(target_prefix, limits)  # [B, P + 1]
     results = {"finished_ids": beams["finished_ids"], "finished_scores": beams["finished_scores"]}
     options = dict(
         k=k,
@@ -206,7 +225,8 @@ def _beam_step(
     """Steps 1-5 of `beam_search` at output position i, for the sentences in `beams` (`first`: i is 0).
 
     With `no_repeat_ngram_size`, each alive hypothesis's candidates leave out the tokens that would repeat one of
-    its own n-grams (`tokens.blocked_ngram_tokens`), whatever the other hypotheses hold.
+    its own n-grams (`tokens.blocked_ngram_tokens`), whatever the other hypotheses hold. With target prefixes
+    (`beams["prefix"]`), a hypothesis has one candidate while its sentence's prefix forces a token.
     """
     length = i + 1  # output length after this step
     alive_ids, alive_log_probs, limits = beams["alive_ids"], beams["alive_log_probs"], beams["limits"]
@@ -220,8 +240,11 @@ def _beam_step(
     rows = None
     if step.can_select and early_stopping == "exact" and not first:
         rows = _can_change_result(beams, return_all)
+    forced = None
+    if "prefix" in beams:  # the sentence's forced token, for each of its hypotheses
+        forced = tf.broadcast_to(prefix_token_at(beams["prefix"], i)[:, None], tf.shape(alive_log_probs))  # [B, K]
     token_log_probs, tokens, model_state = step.top_tokens(
-        i, alive_ids, model_state, 2 * k, min_length, eos_id, first, rows, no_repeat_ngram_size
+        i, alive_ids, model_state, 2 * k, min_length, eos_id, first, rows, no_repeat_ngram_size, forced
     )  # [B, K, C]
     candidate_log_probs = alive_log_probs[:, :, None] + token_log_probs  # [B, K, C]
     per_beam = tf.shape(tokens)[-1]  # C = 2K, or V if smaller

@@ -19,7 +19,8 @@ from keras_transformer.decoding.defaults import (
     NEG_INF,
 )
 from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
-from keras_transformer.decoding.tokens import trim_padding
+from keras_transformer.decoding.prefixes import check_target_prefix
+from keras_transformer.decoding.tokens import output_limits, trim_padding
 from keras_transformer.errors import ParameterError
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
@@ -34,6 +35,7 @@ def greedy_search(
     use_cache=True,
     max_extra_length=EXTRA_OUTPUT_LENGTH,
     no_repeat_ngram_size=0,
+    target_prefix=None,
 ):
     """Greedy decoding: the most probable token at every step.
 
@@ -53,6 +55,8 @@ def greedy_search(
             (n-gram blocking; not in the paper): a token that would complete
             an N-gram already in it is not taken. 0 (default): off, and not in
             the graph. See `beam_search`.
+        target_prefix: None, or int `[B, P]`: the tokens each output starts
+            with, 0-padded (see `beam_search`).
 
     Returns:
         `token_ids` int32 `[B, L]`: the output tokens without the start token,
@@ -74,9 +78,9 @@ def greedy_search(
     )
     _check_options(**options)
     if tf.executing_eagerly():
-        return _eager_call(model, "greedy", source_ids, options)
+        return _eager_call(model, "greedy", source_ids, options, target_prefix)
     source_ids = tf.cast(source_ids, tf.int32)
-    token_ids, scores = greedy_search_graph(model, source_ids, **options)
+    token_ids, scores = greedy_search_graph(model, source_ids, **options, target_prefix=target_prefix)
     return trim_padding(token_ids), scores
 
 
@@ -93,6 +97,7 @@ def sampling_search(
     use_cache=True,
     max_extra_length=EXTRA_OUTPUT_LENGTH,
     no_repeat_ngram_size=0,
+    target_prefix=None,
 ):
     """Random sampling, token by token, for back-translation and data augmentation.
 
@@ -110,6 +115,8 @@ def sampling_search(
             by the seed and the step); None draws a new seed at every call.
         no_repeat_ngram_size: N > 0 never draws a token that would repeat an
             N-gram of the output (its probability is 0); 0 (default): off.
+        target_prefix: None, or int `[B, P]`: the tokens each output starts
+            with (drawn from the model after them; see `beam_search`).
 
     Returns:
         `(token_ids [B, L], scores [B])` as `greedy_search`; a score is the sum
@@ -130,7 +137,7 @@ def sampling_search(
     )
     _check_options(**options)
     if tf.executing_eagerly():
-        return _eager_call(model, "sampling", source_ids, options)
+        return _eager_call(model, "sampling", source_ids, options, target_prefix)
     source_ids = tf.cast(source_ids, tf.int32)
     if seed is None:
         base_seed = tf.random.uniform([], maxval=2**31 - 1, dtype=tf.int32)
@@ -146,7 +153,9 @@ def sampling_search(
         return draws[:, 0]
 
     greedy_options = {k: v for k, v in options.items() if k not in ("temperature", "top_k", "seed")}
-    token_ids, scores = greedy_search_graph(model, source_ids, **greedy_options, choose_tokens=choose_tokens)
+    token_ids, scores = greedy_search_graph(
+        model, source_ids, **greedy_options, choose_tokens=choose_tokens, target_prefix=target_prefix
+    )
     return trim_padding(token_ids), scores
 
 
@@ -164,6 +173,7 @@ def beam_search(
     max_extra_length=EXTRA_OUTPUT_LENGTH,
     early_stopping=DEFAULT_EARLY_STOPPING,
     no_repeat_ngram_size=0,
+    target_prefix=None,
 ):
     """Beam search with the GNMT length penalty, as in §6.1 (K = 4, alpha = 0.6).
 
@@ -208,6 +218,19 @@ def beam_search(
     vectorized ops per step over `[B*K, L]` and one over `[B*K, V]`. Should
     blocking and `min_length` leave no token, the end token is allowed.
 
+    Target prefixes (`target_prefix`; CTranslate2's and Sockeye's
+    `target_prefix`, fairseq's `--prefix-size`; not the paper's) force the
+    start of each output and let the search continue it, for interactive
+    translation, terminology or autocompletion: while a sentence's prefix
+    lasts, each of its hypotheses has the prefix's next token as its only
+    candidate, scored with the model's log-probability
+    (`decoding.prefixes`). So every returned hypothesis starts with the
+    prefix, and its score is the length-penalized log P of the whole output,
+    prefix included, as forced decoding (`score_outputs`) gives it. A forced
+    token wins over `min_length` and n-gram blocking; `min_length` counts the
+    prefix. A prefix must not hold the end token, nor be longer than its
+    sentence's maximum output length.
+
     With "exact" stopping, an alive hypothesis whose own bound cannot beat
     that finished score can no longer change the result: all its
     continuations score lower, and every candidate they could displace ranks
@@ -235,6 +258,10 @@ def beam_search(
             or "k_finished" (stop once K hypotheses have finished).
         no_repeat_ngram_size: N > 0 blocks repeated N-grams (above); 0
             (default): off, and none of it is in the graph.
+        target_prefix: None (default; none of it is in the graph), or int
+            `[B, P]`: each sentence's prefix (above), 0-padded; a row of
+            zeros for a sentence without one. Called eagerly, a bad prefix is
+            a `ParameterError` naming `target_prefix`.
 
     Returns:
         `token_ids` int32 `[B, L]` (`[B, K, L]` with `return_all`): without the
@@ -268,15 +295,15 @@ def beam_search(
     )
     _check_options(**options)
     if tf.executing_eagerly():
-        return _eager_call(model, "beam", source_ids, options)
+        return _eager_call(model, "beam", source_ids, options, target_prefix)
     source_ids = tf.cast(source_ids, tf.int32)
-    token_ids, scores = beam_search_graph(model, source_ids, **options)  # [B, K, L], [B, K]
+    token_ids, scores = beam_search_graph(model, source_ids, **options, target_prefix=target_prefix)  # [B, K, ...]
     if not return_all:
         token_ids, scores = token_ids[:, 0], scores[:, 0]  # [B, L], [B]
     return trim_padding(token_ids), scores
 
 
-def make_decode_fn(model, method="beam", jit_compile=False, **options):
+def make_decode_fn(model, method="beam", jit_compile=False, with_target_prefix=False, **options):
     """A `tf.function` `source_ids -> (token_ids, scores)` for serving or benchmarks.
 
     Args:
@@ -284,13 +311,16 @@ def make_decode_fn(model, method="beam", jit_compile=False, **options):
         method: "beam", "greedy" or "sampling".
         jit_compile: compile the search with XLA (one compilation per input
             shape).
+        with_target_prefix: the function takes a second input, the target
+            prefixes `[B, P]` (`beam_search`'s `target_prefix`):
+            `(source_ids, target_prefix) -> (token_ids, scores)`.
         **options: keyword arguments of `beam_search` / `greedy_search` / `sampling_search`
-            (e.g. `beam_size=4, alpha=0.6, max_length=None`).
+            (e.g. `beam_size=4, alpha=0.6, max_length=None`), but `target_prefix`.
 
     Returns:
-        a `tf.function` with input signature `[None, None]` int32, suitable for
-        `tf.saved_model.save` (attach it to a `tf.Module` that also tracks the
-        model).
+        a `tf.function` with input signature `[None, None]` int32 (twice with
+        `with_target_prefix`), suitable for `tf.saved_model.save` (attach it
+        to a `tf.Module` that also tracks the model).
 
     Example:
     >>> from keras_transformer import Transformer, TransformerConfig
@@ -300,7 +330,7 @@ def make_decode_fn(model, method="beam", jit_compile=False, **options):
     >>> token_ids.dtype.name, token_ids.shape[1] <= 8, scores.shape.as_list()
     ('int32', True, [2])
     """
-    return _make_decode_fn(lambda: model, method, jit_compile, options)
+    return _make_decode_fn(lambda: model, method, jit_compile, options, with_target_prefix)
 
 
 def _check_options(
@@ -349,27 +379,45 @@ def _check_options(
 _EAGER_FUNCTIONS = weakref.WeakKeyDictionary()
 
 
-def _eager_call(model, method, source_ids, options):
+def _eager_call(model, method, source_ids, options, target_prefix=None):
     functions = _EAGER_FUNCTIONS.setdefault(model, {})
-    key = (method, tuple(sorted(options.items())))
+    prefixed = target_prefix is not None
+    key = (method, prefixed, tuple(sorted(options.items())))
     if key not in functions:
         model_ref = weakref.ref(model)  # the cache must not keep the model alive
-        functions[key] = _make_decode_fn(model_ref, method, False, options)
-    return functions[key](tf.cast(source_ids, tf.int32))
+        functions[key] = _make_decode_fn(model_ref, method, False, options, prefixed)
+    source_ids = tf.cast(source_ids, tf.int32)
+    if not prefixed:
+        return functions[key](source_ids)
+    _, limits = output_limits(
+        model, source_ids, options["max_length"], options.get("max_extra_length", EXTRA_OUTPUT_LENGTH)
+    )
+    check_target_prefix(target_prefix, limits, options.get("eos_id", EOS_ID))
+    return functions[key](source_ids, tf.cast(target_prefix, tf.int32))
 
 
-def _make_decode_fn(get_model, method, jit_compile, options):
+def _make_decode_fn(get_model, method, jit_compile, options, with_target_prefix=False):
     searches = {"beam": beam_search, "greedy": greedy_search, "sampling": sampling_search}
     if method not in searches:
         raise ValueError(f"method must be one of {', '.join(searches)}, got {method!r}.")
     search = searches[method]
-    unknown = sorted(set(options) - set(inspect.signature(search).parameters) - {"model", "source_ids"})
+    # The prefixes are an input of the function (`with_target_prefix`), not an option fixed in it.
+    allowed = set(inspect.signature(search).parameters) - {"target_prefix"}
+    unknown = sorted(set(options) - allowed - {"model", "source_ids"})
     if unknown:
         raise TypeError(f"{search.__name__} has no option(s) {', '.join(unknown)}.")
     _check_options(**options)
     signature = [tf.TensorSpec([None, None], tf.int32, name="source_ids")]
-
     # No autograph: the search is explicit TensorFlow control flow already.
+    if with_target_prefix:
+        signature.append(tf.TensorSpec([None, None], tf.int32, name="target_prefix"))
+
+        @tf.function(input_signature=signature, jit_compile=bool(jit_compile), autograph=False)
+        def decode_with_prefix(source_ids, target_prefix):
+            return search(get_model(), source_ids, target_prefix=target_prefix, **options)
+
+        return decode_with_prefix
+
     @tf.function(input_signature=signature, jit_compile=bool(jit_compile), autograph=False)
     def decode(source_ids):
         return search(get_model(), source_ids, **options)

@@ -72,7 +72,17 @@ class _CachedStep:
         )
 
     def top_tokens(
-        self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None, no_repeat_ngram_size=0
+        self,
+        i,
+        token_ids,
+        state,
+        count,
+        min_length,
+        eos_id,
+        first=False,
+        rows=None,
+        no_repeat_ngram_size=0,
+        forced=None,
     ):
         """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i (`first`: via `first`).
 
@@ -82,7 +92,8 @@ class _CachedStep:
         (`top_allowed_tokens_of_rows`); with a model that projects its
         decoder output on its own (`step_logits`), only they are projected,
         to logits in its compute dtype (`top_allowed_tokens` takes bfloat16
-        logits as they are).
+        logits as they are). `forced [B, K]`: the tokens target prefixes
+        force (`tokens.force_tokens`; 0: none), or None.
         """
         # `step_logits` reads the output matrix from the shared entries only.
         to_logits = None
@@ -93,11 +104,12 @@ class _CachedStep:
 
         if first:  # searches its one row per sentence, then copies the few candidates, not the logits
             logits, state = self.first(token_ids, state, to_logits=to_logits)  # [B, 1, V]
-            log_probs, ids = _top_tokens(logits, None, rows, count, i, min_length, eos_id)  # [B, 1, C]
+            forced = None if forced is None else forced[:, :1]  # the same for all hypotheses of a sentence
+            log_probs, ids = _top_tokens(logits, None, rows, count, i, min_length, eos_id, forced=forced)  # [B, 1, C]
             return tf.tile(log_probs, [1, self.beam_size, 1]), tf.tile(ids, [1, self.beam_size, 1]), state
         output, state = self(i, token_ids, state, project=to_logits is None)
         blocking = (token_ids, no_repeat_ngram_size)
-        return (*_top_tokens(output, to_logits, rows, count, i, min_length, eos_id, blocking), state)
+        return (*_top_tokens(output, to_logits, rows, count, i, min_length, eos_id, blocking, forced), state)
 
     def __call__(self, i, token_ids, state, project=True):
         """`token_ids [B, K, L]` generated so far -> (logits of step i [B, K, V], state).
@@ -224,17 +236,25 @@ class _UncachedStep:
         return tf.reshape(logits, [batch, k, vocab_size]), state
 
     def top_tokens(
-        self, i, token_ids, state, count, min_length, eos_id, first=False, rows=None, no_repeat_ngram_size=0
+        self,
+        i,
+        token_ids,
+        state,
+        count,
+        min_length,
+        eos_id,
+        first=False,
+        rows=None,
+        no_repeat_ngram_size=0,
+        forced=None,
     ):
         """`(log_probs, ids [B, K, C], state)`: `top_allowed_tokens` of step i's logits.
 
-        `rows`, `no_repeat_ngram_size`: as `_CachedStep.top_tokens`'.
+        `rows`, `no_repeat_ngram_size`, `forced`: as `_CachedStep.top_tokens`'.
         """
         logits, state = self(i, token_ids, state)
-        return (
-            *_top_tokens(logits, None, rows, count, i, min_length, eos_id, (token_ids, no_repeat_ngram_size)),
-            state,
-        )
+        blocking = (token_ids, no_repeat_ngram_size)
+        return (*_top_tokens(logits, None, rows, count, i, min_length, eos_id, blocking, forced), state)
 
     @staticmethod
     def reorder(state, parents):
@@ -246,15 +266,15 @@ def _projection_option(project):
     return {} if project else {"project": False}
 
 
-def _top_tokens(output, to_logits, rows, count, i, min_length, eos_id, blocking=(None, 0)):
+def _top_tokens(output, to_logits, rows, count, i, min_length, eos_id, blocking=(None, 0), forced=None):
     """`top_allowed_tokens` of a step's logits (`to_logits` None) or decoder output, for `rows` only if given.
 
-    `blocking`: `(token_ids [B, K, L], no_repeat_ngram_size)`, for `top_allowed_tokens`.
+    `blocking`: `(token_ids [B, K, L], no_repeat_ngram_size)`, and `forced [B, K]`, for `top_allowed_tokens`.
     """
     to_logits = to_logits or (lambda logits: logits)
     if rows is None:
-        return top_allowed_tokens(to_logits(output), count, i, min_length, eos_id, *blocking)
-    return top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id, *blocking)
+        return top_allowed_tokens(to_logits(output), count, i, min_length, eos_id, *blocking, forced=forced)
+    return top_allowed_tokens_of_rows(output, to_logits, rows, count, i, min_length, eos_id, *blocking, forced=forced)
 
 
 def make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=1):

@@ -108,7 +108,7 @@ def _ends_early(i, min_length, blocked, eos_id):
     return early & tf.logical_not(nothing_else)
 
 
-def top_allowed_tokens(logits, count, i, min_length, eos_id, history=None, no_repeat_ngram_size=0):
+def top_allowed_tokens(logits, count, i, min_length, eos_id, history=None, no_repeat_ngram_size=0, forced=None):
     """The `count` most probable allowed tokens of each row of `logits [R, K, V]`.
 
     Returns `(log_probs, ids)`, each `[R, K, C]` with C = min(count, V), best
@@ -125,6 +125,10 @@ def top_allowed_tokens(logits, count, i, min_length, eos_id, history=None, no_re
     whole vocabulary, as fairseq's), and a masked token that still makes the
     top `count` (a vocabulary with fewer allowed tokens) gets `NEG_INF`. With
     N = 0 none of this is in the graph.
+
+    `forced [R, K]` (target prefixes): a hypothesis whose entry is a token id
+    (not 0) has that token as its only candidate (`force_tokens`), whatever
+    `min_length` and blocking say; None: none of it is in the graph.
 
     bfloat16 logits (a model decoding in bfloat16) stay in bfloat16 in a plain
     graph: `strided_top_k` finds their top tokens without casting the
@@ -143,6 +147,7 @@ def top_allowed_tokens(logits, count, i, min_length, eos_id, history=None, no_re
         logits.dtype == tf.bfloat16 and strided_blocks(vocab_size, wanted) and not compat.graph_is_compiled_by_xla()
     ):
         logits = tf.cast(logits, tf.float32)
+    unmasked = logits
     blocked = None
     if no_repeat_ngram_size:
         blocked = blocked_ngram_tokens(history, i, no_repeat_ngram_size, tf.shape(logits)[-1])  # [R, K, V]
@@ -160,17 +165,40 @@ def top_allowed_tokens(logits, count, i, min_length, eos_id, history=None, no_re
     if min_length > 0:
         forbidden |= tf.equal(ids, eos_id) & _ends_early(i, min_length, blocked, eos_id)
     values, keep = tf.math.top_k(tf.where(forbidden, NEG_INF, values - log_normalizer), k=count)
-    return values, tf.gather(ids, keep, batch_dims=2)
+    ids = tf.gather(ids, keep, batch_dims=2)
+    if forced is not None:
+        values, ids = force_tokens(values, ids, unmasked, log_normalizer, forced)
+    return values, ids
+
+
+def force_tokens(log_probs, ids, logits, log_normalizer, forced):
+    """The candidates `(log_probs, ids [R, K, C])` with each forced token the only one of its hypothesis.
+
+    Target prefixes (CTranslate2's `target_prefix`, fairseq's `--prefix-size`;
+    not in the paper): where `forced [R, K]` holds a token id (0: nothing
+    forced), the hypothesis's first candidate becomes that token, with its
+    log-probability under the model (`logits [R, K, V]` minus
+    `log_normalizer [R, K, 1]`, their log-sum-exp, so not renormalized), and
+    the other C - 1 get `NEG_INF` (token pad). The forced token wins over
+    `min_length` and n-gram blocking. Rows with nothing forced are unchanged.
+    """
+    forced_log_probs = tf.cast(tf.gather(logits, forced[..., None], batch_dims=2), tf.float32) - log_normalizer
+    first = tf.equal(tf.range(tf.shape(ids)[-1]), 0)  # [C]
+    is_forced = tf.not_equal(forced, PAD_ID)[..., None]  # [R, K, 1]
+    log_probs = tf.where(is_forced, tf.where(first, forced_log_probs, NEG_INF), log_probs)
+    ids = tf.where(is_forced, tf.where(first, forced[..., None], PAD_ID), ids)
+    return log_probs, ids
 
 
 def top_allowed_tokens_of_rows(
-    values, to_logits, rows, count, i, min_length, eos_id, history=None, no_repeat_ngram_size=0
+    values, to_logits, rows, count, i, min_length, eos_id, history=None, no_repeat_ngram_size=0, forced=None
 ):
     """`top_allowed_tokens(to_logits(values), ...)` for the hypotheses where `rows [B, K]` holds only.
 
     `values [B, K, X]` are what `to_logits` maps to logits `[..., V]` (the
     decoder output, or the logits themselves), `history [B, K, L]` the
-    hypotheses' tokens (with `no_repeat_ngram_size`). The other hypotheses get no
+    hypotheses' tokens (with `no_repeat_ngram_size`), `forced [B, K]` the tokens
+    target prefixes force (`force_tokens`). The other hypotheses get no
     candidates: log-probability `NEG_INF` and token pad, for all C. Only the
     selected rows are projected and searched.
     """
@@ -179,8 +207,10 @@ def top_allowed_tokens_of_rows(
     picked = tf.gather_nd(tf.reshape(values, [batch * beams, tf.shape(values)[-1]]), which)  # [R', X]
     if no_repeat_ngram_size:
         history = tf.gather_nd(tf.reshape(history, [batch * beams, tf.shape(history)[-1]]), which)[:, None]
+    if forced is not None:
+        forced = tf.gather_nd(tf.reshape(forced, [-1]), which)[:, None]  # [R', 1]
     log_probs, ids = top_allowed_tokens(
-        to_logits(picked[:, None]), count, i, min_length, eos_id, history, no_repeat_ngram_size
+        to_logits(picked[:, None]), count, i, min_length, eos_id, history, no_repeat_ngram_size, forced
     )  # [R', 1, C]
     shape = tf.stack([batch * beams, tf.shape(ids)[-1]])  # [B*K, C]
     log_probs = tf.tensor_scatter_nd_update(tf.fill(shape, NEG_INF), which, log_probs[:, 0])
