@@ -9,6 +9,7 @@ The model follows the paper:
 - `losses`: label smoothing (§5.4) and token accuracy.
 - `optimization`: Adam and the learning-rate schedule (§5.3).
 - `decoding`: greedy, beam (§6.1) and sampling search.
+- `ensemble`: `Ensemble`, models of one vocabulary decoded as one (not in the paper).
 - `kernels`: the CPU and compiler forms of some of the paper's computations,
   each equal to the plain form its layer shows.
 - `special_ids`, `compat` (every private Keras or TensorFlow API in one
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # what the names below resolve to, for readers and type checkers
     from keras_transformer import layers
     from keras_transformer.config import PRESETS, TransformerConfig
+    from keras_transformer.ensemble import Ensemble
     from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
     from keras_transformer.model import Transformer
     from keras_transformer.optimization import FusedAdam, TransformerSchedule, create_optimizer
@@ -52,6 +54,7 @@ __version__ = "0.3.0"
 
 # Each public name, and the module that defines it (loaded on first use).
 _LAZY_NAMES = {
+    "Ensemble": "keras_transformer.ensemble",
     "PRESETS": "keras_transformer.config",
     "TransformerConfig": "keras_transformer.config",
     "FusedAdam": "keras_transformer.optimization",
@@ -70,6 +73,7 @@ SERIALIZABLE_MODULES = (
 )
 
 __all__ = [
+    "Ensemble",
     "PRESETS",
     "FusedAdam",
     "LabelSmoothedCrossEntropy",
