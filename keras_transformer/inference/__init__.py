@@ -10,6 +10,8 @@
   `export_saved_model`, which picks one by its source.
 - `export_sources`: the `Translator` each kind of source exports, and
   `DecodingOptions`.
+- `ensembles`: several models of one vocabulary as one `Ensemble`:
+  `load_ensemble`, `ensemble_translator`, `export_ensemble`.
 - `signatures`: the exported signatures' names, input and outputs.
 - `serving_warmup`: the requests TensorFlow Serving replays when it loads an
   export (`assets.extra/tf_serving_warmup_requests`).
@@ -34,10 +36,13 @@ _EXPORTS = {
     "SavedModelTranslator": "keras_transformer.inference.translator",
     "Translator": "keras_transformer.inference.translator",
     "corpus_scores": "keras_transformer.inference.evaluation",
+    "ensemble_translator": "keras_transformer.inference.ensembles",
+    "export_ensemble": "keras_transformer.inference.ensembles",
     "export_run": "keras_transformer.inference.saved_model",
     "export_saved_model": "keras_transformer.inference.saved_model",
     "export_translator": "keras_transformer.inference.saved_model",
     "format_scores": "keras_transformer.inference.evaluation",
+    "load_ensemble": "keras_transformer.inference.ensembles",
     "load_translator": "keras_transformer.inference.translator",
     "reexport": "keras_transformer.inference.saved_model",
 }

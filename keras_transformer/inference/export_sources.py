@@ -170,7 +170,8 @@ def load_export(export_dir, dtype=None):
 
     An export's graph is traced once and for all: one written by an older
     version decodes with that version's search. This rebuilds the
-    `Transformer` that its `export.json` describes, under `dtype` (default
+    `Transformer` that its `export.json` describes (an `Ensemble` for an
+    ensemble's export, `inference.ensembles`), under `dtype` (default
     the precision it was exported in), and loads the weights its variables
     hold, so `saved_model.reexport(export_dir, ...)` writes the same model
     with this version's graph. (The weights are those the export stores: a
@@ -191,7 +192,12 @@ def load_export(export_dir, dtype=None):
     info = read_export_info(export_dir)
     if not info.get("model"):
         raise ValueError(f"{export_dir}: its {INFO_FILENAME} records no model configuration to rebuild.")
-    model = build_model(TransformerConfig.from_dict(info["model"]), dtype=dtype or info["precision"])
+    if "ensemble" in info["model"]:  # several models' variables, member after member (`inference.ensembles`)
+        from keras_transformer.ensemble import Ensemble
+
+        model = Ensemble.from_config(info["model"], dtype=dtype or info["precision"])
+    else:
+        model = build_model(TransformerConfig.from_dict(info["model"]), dtype=dtype or info["precision"])
     saved = tf.saved_model.load(export_dir).model_variables
     problem = _variables_problem(model.variables, saved)
     if problem:
@@ -200,7 +206,8 @@ def load_export(export_dir, dtype=None):
         )
     for variable, value in zip(model.variables, saved):
         variable.assign(value)
-    model.compile()
+    if hasattr(model, "compile"):  # a Transformer; an Ensemble is only decoded
+        model.compile()
     return model, Tokenizer(os.path.join(export_dir, "assets", TOKENIZER_FILENAME)), info
 
 
