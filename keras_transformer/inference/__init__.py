@@ -43,7 +43,7 @@ _EXPORTS = {
     "export_translator": "keras_transformer.inference.saved_model",
     "format_scores": "keras_transformer.inference.evaluation",
     "load_ensemble": "keras_transformer.inference.ensembles",
-    "load_translator": "keras_transformer.inference.translator",
+    "load_translator": "keras_transformer.inference.loading",
     "reexport": "keras_transformer.inference.saved_model",
 }
 
