@@ -57,6 +57,7 @@ _MODEL_FLAGS = {
     "dtype": "--precision",
     "checkpoint": "--checkpoint",
     "batch_size": "--batch-size",
+    "weights": "--weights",
 }
 PARAMETER_FLAGS = {
     "train": {},  # every TrainingArgs field is set by the flag of its name (`parameter_error_message`)
@@ -79,6 +80,7 @@ PARAMETER_FLAGS = {
         "n_best": "--n-best",
         "version": "--version",
         "warmup_sentences": "--warmup-sentences",
+        "weights": "--weights",
     },
 }
 
@@ -114,6 +116,8 @@ def parameter_error_message(command, args, error):
     if flag is None:  # a parameter no flag of the command sets: named as the library names it
         return str(error)
     value = getattr(args, flag[2:].replace("-", "_"), None)
+    if isinstance(value, list):  # a flag of several values (--weights 1 2), as typed
+        value = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     given = f"{flag} {value}" if value is not None and not isinstance(value, bool) else flag
     return f"{given}: {error.message}"
 

@@ -5,6 +5,7 @@ import contextlib
 import os
 
 from keras_transformer.cli.errors import CommandError
+from keras_transformer.cli.model_flag import add_models_flags, ensemble_paths, ensemble_translator_from_args
 from keras_transformer.cli.startup import native_logs_silenced
 from keras_transformer.cli.threads import set_pools_for
 from keras_transformer.decoding.defaults import (
@@ -69,11 +70,10 @@ def add_search_options(parser, early_stopping=True, keep_recorded=False, ngram_b
 
 
 def add_model_options(parser):
-    """--model, the search options, --precision and --batch-size of translate and evaluate."""
-    parser.add_argument(
-        "--model",
-        required=True,
-        help="run directory or exported SavedModel (its base directory, for its highest version, or one version)",
+    """--model (repeated: an ensemble) and --weights, the search options, --precision and --batch-size of translate
+    and evaluate."""
+    add_models_flags(
+        parser, "run directory or exported SavedModel (its base directory, for its highest version, or one version)"
     )
     add_search_options(parser)
     parser.add_argument(
@@ -128,7 +128,10 @@ def translator_from_args(args):
             top_k=0 if top_k is None else top_k, temperature=1.0 if temperature is None else temperature, seed=args.seed
         )
     if not args.trust_model:
-        refuse_unsafe_saved_model(args.model)
+        for path in args.models:
+            refuse_unsafe_saved_model(path)
+    if ensemble_paths(args.models, args.weights):
+        return ensemble_translator_from_args(args, sampling)
     with _loading_errors(args.model):
         return load_translator(
             args.model,

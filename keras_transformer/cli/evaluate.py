@@ -66,7 +66,9 @@ def run(args):
     except ValueError as error:  # an option the model refuses: --batch-size
         raise CommandError(str(error)) from None
     result = corpus_scores(hypotheses, references, lang=args.tgt_lang)
-    result.update(model=args.model, sentences=len(sources))
+    result.update(model=args.models if len(args.models) > 1 else args.model, sentences=len(sources))
+    if len(args.models) > 1 and args.weights:
+        result["weights"] = args.weights
     if args.multi30k:
         result["data"] = f"multi30k:{args.multi30k} {args.src_lang}->{args.tgt_lang}"
     if args.output:

@@ -5,7 +5,7 @@ import sys
 from keras_transformer.cli.commands import COMMAND_HELP
 from keras_transformer.cli.decoding_options import add_search_options
 from keras_transformer.cli.errors import CommandError
-from keras_transformer.cli.model_flag import add_model_flag, model_path
+from keras_transformer.cli.model_flag import add_model_flag, ensemble_paths, model_paths
 from keras_transformer.cli.startup import native_logs_silenced
 from keras_transformer.cli.text_files import read_lines
 from keras_transformer.errors import ParameterError
@@ -25,9 +25,14 @@ def register(subparsers):
         "scores float32 [None]. Prints the version directory. Given an exported version instead of a "
         "run, writes its model again with this version's graph (its decoding options, precision, "
         "training options, --n-best signature and scores kept unless given; the scores only while "
-        "the options and precision stay).",
+        "the options and precision stay). Given several models (--model A --model B, or A B), writes one "
+        "SavedModel of their ensemble, which averages their log-probabilities at every step.",
     )
-    add_model_flag(parser, "training run directory, or an exported version directory (OUTPUT/<version>) to re-export")
+    add_model_flag(
+        parser,
+        "training run directory, or an exported version directory (OUTPUT/<version>) to re-export",
+        ensemble=True,
+    )
     parser.add_argument(
         "--output", "-o", required=True, help="model base directory, e.g. saved_models/multi30k_en_de (required)"
     )
@@ -103,33 +108,33 @@ def _warmup_sentences(args):
 
 def run(args):
     from keras_transformer.inference.export_dirs import is_export_dir, read_export_info
-    from keras_transformer.inference.saved_model import export_saved_model
 
-    source = model_path(args)
+    sources = model_paths(args)
+    ensemble = ensemble_paths(sources, args.weights)
     warmup_sentences = _warmup_sentences(args)
     precision = args.precision
-    if precision is None and not is_export_dir(source):
+    if precision is None and not (len(sources) == 1 and is_export_dir(sources[0])):
         precision = RUN_EXPORT_PRECISION
+    options = dict(
+        version=args.version,
+        beam_size=args.beam,
+        alpha=args.alpha,
+        max_extra_length=args.max_extra_length,
+        overwrite=args.overwrite,
+        max_input_length=args.max_input_length,
+        max_input_bytes=args.max_input_bytes,
+        early_stopping=args.early_stopping,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
+        dtype=precision,
+        n_best=args.n_best,
+        warmup_sentences=warmup_sentences,
+    )
     try:
         with native_logs_silenced():
-            path = export_saved_model(
-                source,
-                args.output,
-                version=args.version,
-                beam_size=args.beam,
-                alpha=args.alpha,
-                max_extra_length=args.max_extra_length,
-                overwrite=args.overwrite,
-                max_input_length=args.max_input_length,
-                max_input_bytes=args.max_input_bytes,
-                checkpoint=args.checkpoint,
-                early_stopping=args.early_stopping,
-                no_repeat_ngram_size=args.no_repeat_ngram_size,
-                dtype=precision,
-                n_best=args.n_best,
-                warmup_sentences=warmup_sentences,
-            )
-    except ParameterError:
+            path = _export(sources, ensemble, args, options)
+    except ParameterError as error:
+        if error.parameter == "models":  # an ensemble's different vocabularies, named by the message
+            raise CommandError(f"--model: {error.message}") from None
         raise  # named by its flag (`cli.main`)
     except FileExistsError as error:
         raise CommandError(f"{error} (--version, --overwrite)") from None
@@ -140,3 +145,16 @@ def run(args):
     print(f"precision: {info['precision']}" + (f" ({reason})" if reason else ""), file=sys.stderr, flush=True)
     print(path)
     return 0
+
+
+def _export(sources, ensemble, args, options):
+    """Exports the one model of `sources`, or the ensemble of them; returns the version directory."""
+    if not ensemble:
+        from keras_transformer.inference.saved_model import export_saved_model
+
+        return export_saved_model(sources[0], args.output, checkpoint=args.checkpoint, **options)
+    if args.checkpoint is not None:
+        raise CommandError(f"--checkpoint {args.checkpoint}: applies to one --model, not to an ensemble.")
+    from keras_transformer.inference.ensembles import export_ensemble
+
+    return export_ensemble(ensemble, args.output, weights=args.weights, **options)
