@@ -359,3 +359,30 @@ def test_without_the_rewrite_the_converter_keeps_tensorflow_slices(monkeypatch):
     function = tf.function(_slices, input_signature=[tf.TensorSpec([None, None], tf.float32, name="x")])
     with pytest.raises(ValueError, match="TensorFlow ops CUSTOM:StridedSlice"):
         litert_graph.convert({"serving_default": function.get_concrete_function()})
+
+
+def test_the_command_line_exports_and_translates_a_litert_file(tmp_path, tiny_run_dir, litert_path, capsys):
+    """`export --format litert` writes the file `export_litert` writes for the same options, and `translate
+    --model FILE.tflite` prints its translations; the flags a LiteRT file cannot hold are refused by name."""
+    from keras_transformer import cli
+    from keras_transformer.inference.litert import LiteRTTranslator, info_path
+
+    path = str(tmp_path / "cli.tflite")
+    argv = ["export", "--model", tiny_run_dir, "--format", "litert", "--max-extra-length", str(MAX_EXTRA)]
+    assert cli.main(argv + ["--output", path]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == path and "precision: float32 (LiteRT)" in captured.err
+    recorded = json.loads(open(info_path(path), encoding="utf-8").read())["decoding"]
+    assert recorded == json.loads(open(info_path(litert_path), encoding="utf-8").read())["decoding"]
+    sentences = ["A dog runs on the beach.", "Two men are playing soccer."]
+    assert cli.main(["translate", "--model", path] + sentences) == 0
+    assert capsys.readouterr().out.splitlines() == LiteRTTranslator(litert_path).translate(sentences)
+    for flags, refused in (
+        (["--format", "litert", "--n-best", "2"], "--n-best 2: not for --format litert"),
+        (["--format", "litert", "--precision", "bfloat16"], "--precision bfloat16: not for --format litert"),
+        (["--quantize", "int8"], "--quantize int8: needs --format litert."),
+    ):
+        with pytest.raises(SystemExit) as raised:
+            cli.main(["export", "--model", tiny_run_dir, "--output", str(tmp_path / "x.tflite")] + flags)
+        assert raised.value.code == 2
+        assert refused in capsys.readouterr().err

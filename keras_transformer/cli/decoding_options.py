@@ -116,8 +116,13 @@ def translator_from_args(args):
     share of the cores (`cli.threads`), before TensorFlow starts.
     """
     set_pools_for(DEFAULT_TRANSLATE_WORKERS)
-    if not os.path.isdir(args.model):
-        raise CommandError(f"--model {args.model}: no such directory (expected a run directory or a SavedModel).")
+    from keras_transformer.inference.litert import is_litert_file
+
+    if not (os.path.isdir(args.model) or is_litert_file(args.model)):
+        raise CommandError(
+            f"--model {args.model}: no such directory or .tflite file (expected a run directory, a SavedModel "
+            "or a LiteRT file)."
+        )
     from keras_transformer.inference.loading import load_translator
 
     sampling = None

@@ -1,4 +1,4 @@
-"""`keras-transformer export`: a SavedModel for TensorFlow Serving (strings in, translations out)."""
+"""`keras-transformer export`: a SavedModel for TensorFlow Serving, or a LiteRT file (strings in, translations out)."""
 
 import sys
 
@@ -26,7 +26,9 @@ def register(subparsers):
         "run, writes its model again with this version's graph (its decoding options, precision, "
         "training options, --n-best signature and scores kept unless given; the scores only while "
         "the options and precision stay). Given several models (--model A --model B, or A B), writes one "
-        "SavedModel of their ensemble, which averages their log-probabilities at every step.",
+        "SavedModel of their ensemble, which averages their log-probabilities at every step. With "
+        "--format litert, writes one LiteRT file instead (OUTPUT, e.g. model.tflite, and OUTPUT.json): the "
+        "tokenizer, the model and the beam search, for phones and edge devices (docs/litert.md).",
     )
     add_model_flag(
         parser,
@@ -40,6 +42,7 @@ def register(subparsers):
         "--version", type=int, default=None, help="version number (default: highest existing + 1, starting at 1)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --version")
+    _add_format_flags(parser)
     add_search_options(parser, keep_recorded=True)
     parser.add_argument(
         "--max-input-length",
@@ -80,6 +83,30 @@ def register(subparsers):
         "capability 8.0+), else float32 (mixed_float16 on older tensor-core GPUs): faster, but this "
         "machine's choice, slow to serve on CPUs without native bfloat16",
     )
+    _add_warmup_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_format_flags(parser):
+    """--format and --quantize: a SavedModel (the default) or a LiteRT file."""
+    parser.add_argument(
+        "--format",
+        choices=("savedmodel", "litert"),
+        default="savedmodel",
+        help="savedmodel: OUTPUT/<version>/ for TensorFlow Serving; litert: one .tflite file OUTPUT that "
+        "LiteRT (TFLite) runs, float32 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--quantize",
+        choices=("int8",),
+        default=None,
+        help="with --format litert: int8 weights (dynamic-range quantization, about a quarter of the size; "
+        "default: float32 weights)",
+    )
+
+
+def _add_warmup_flags(parser):
+    """--warmup-sentences or --no-warmup: the requests TensorFlow Serving replays when it loads a version."""
     warmup = parser.add_mutually_exclusive_group()
     warmup.add_argument(
         "--warmup-sentences",
@@ -91,7 +118,6 @@ def register(subparsers):
         "validation sources of the run's data where they can be read, else none",
     )
     warmup.add_argument("--no-warmup", action="store_true", help="write no warm-up requests")
-    parser.set_defaults(func=run)
 
 
 def _warmup_sentences(args):
@@ -129,6 +155,10 @@ def run(args):
         n_best=args.n_best,
         warmup_sentences=warmup_sentences,
     )
+    if args.format == "litert":
+        return _export_litert(sources, ensemble, args, options)
+    if args.quantize is not None:
+        raise CommandError(f"--quantize {args.quantize}: needs --format litert.")
     try:
         with native_logs_silenced():
             path = _export(sources, ensemble, args, options)
@@ -158,3 +188,46 @@ def _export(sources, ensemble, args, options):
     from keras_transformer.inference.ensembles import export_ensemble
 
     return export_ensemble(ensemble, args.output, weights=args.weights, **options)
+
+
+def _export_litert(sources, ensemble, args, options):
+    """`--format litert`: one `.tflite` file of the one model of `sources`, with the search options given."""
+    from keras_transformer.inference.export_sources import DecodingOptions
+    from keras_transformer.inference.litert import export_litert
+
+    refused = [
+        (ensemble, "--model given more than once: an ensemble"),
+        (args.n_best is not None, f"--n-best {args.n_best}"),
+        (args.version is not None, f"--version {args.version}"),
+        (args.warmup_sentences is not None or args.no_warmup, "--warmup-sentences/--no-warmup"),
+        (args.precision not in (None, "auto", "float32"), f"--precision {args.precision}"),
+    ]
+    for given, flag in refused:
+        if given:
+            raise CommandError(f"{flag}: not for --format litert (one float32 file, beam search, no versions).")
+    names = ("beam_size", "alpha", "max_extra_length", "max_input_length", "max_input_bytes", "early_stopping")
+    decoding = DecodingOptions(
+        **{name: options[name] for name in names}, no_repeat_ngram_size=options["no_repeat_ngram_size"]
+    )
+    try:
+        with native_logs_silenced():
+            path = export_litert(
+                sources[0],
+                args.output,
+                decoding,
+                checkpoint=args.checkpoint,
+                quantize=args.quantize,
+                overwrite=args.overwrite,
+            )
+    except ParameterError as error:
+        if error.parameter == "output_path":
+            raise CommandError(f"--output {args.output}: {error.message}") from None
+        raise
+    except FileExistsError as error:
+        raise CommandError(f"{error} (--overwrite)") from None
+    except (FileNotFoundError, ImportError, ValueError) as error:
+        raise CommandError(str(error)) from None
+    weights = "int8 weights" if args.quantize else "float32"
+    print(f"precision: {weights} (LiteRT)", file=sys.stderr, flush=True)
+    print(path)
+    return 0
