@@ -287,3 +287,217 @@ def test_a_graph_refuses_a_prefix_longer_than_the_output(model, sources):
         decode(sources, padded([[5] * 5] * 4))
     with pytest.raises(tf.errors.InvalidArgumentError, match="target_prefix: needs one row per sentence"):
         decode(sources, padded([[5]]))
+
+
+# ----------------------------------------------------------------------------------
+# Text: the Translator, the command line and the SavedModel
+# ----------------------------------------------------------------------------------
+
+SENTENCES = [
+    "A dog runs on the beach.",
+    "Two men are talking in front of a building.",
+    "",
+    "A girl in a red coat.",
+    "People walk down the street.",
+]
+TEXT_PREFIXES = ["Ein Hund", "", "Zwei", "Ein Mädchen mit", "Leute"]  # none for sentence 2; sentence 3 is blank
+EXTRA = 8
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_run_dir):
+    from keras_transformer.inference.translator import Translator
+
+    return Translator.from_run_dir(tiny_run_dir, beam_size=3, max_extra_length=EXTRA)
+
+
+def check_starts(translations, prefixes=TEXT_PREFIXES, sentences=SENTENCES):
+    for sentence, prefix, text in zip(sentences, prefixes, translations):
+        if not sentence:
+            assert text == ""  # a blank input's translation, whatever its prefix
+        else:
+            assert text.startswith(prefix), (prefix, text)
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=3), dict(beam_size=1), dict(sampling=dict(top_k=0, seed=3))])
+def test_translations_start_with_their_prefix(tiny_run_dir, translator, options):
+    from keras_transformer.inference.translator import Translator
+
+    if options != dict(beam_size=3):
+        translator = Translator.from_run_dir(tiny_run_dir, max_extra_length=EXTRA, **options)
+    free = translator.translate(SENTENCES)
+    assert not any(text.startswith(prefix) for text, prefix in zip(free, TEXT_PREFIXES) if prefix and text)
+    translations, scores = translator.translate(SENTENCES, return_scores=True, target_prefixes=TEXT_PREFIXES)
+    check_starts(translations)
+    # Sentences without a prefix are translated as without prefixes at all.
+    unprefixed = [i for i, prefix in enumerate(TEXT_PREFIXES) if not prefix or not SENTENCES[i]]
+    if "sampling" not in options:  # a seeded draw depends on the sentence's row in its batch
+        assert [translations[i] for i in unprefixed] == [free[i] for i in unprefixed]
+    assert scores[2] == 0.0
+
+
+def test_n_best_translations_all_start_with_their_prefix(translator):
+    lists = translator.translate(SENTENCES, n_best=3, target_prefixes=TEXT_PREFIXES)
+    best = translator.translate(SENTENCES, target_prefixes=TEXT_PREFIXES)
+    for entries, text in zip(lists, best):
+        assert entries[0][0] == text
+    for rank in range(3):
+        check_starts([entries[rank][0] for entries in lists])
+    # Different translations (subwords of an untrained model's may detokenize alike: not all 3 need differ).
+    assert all(len({t for t, _ in entries}) > 1 for entries, s in zip(lists, SENTENCES) if s)
+
+
+def test_prefixes_travel_with_their_sentences_through_the_batches(translator):
+    """Batches of 2, sorted by length, decoded 2 at a time: each prefix still goes with its sentence."""
+    alone = [
+        translator.translate([sentence], target_prefixes=[prefix], return_scores=True)
+        for sentence, prefix in zip(SENTENCES, TEXT_PREFIXES)
+    ]
+    batched = translator.translate(
+        SENTENCES, target_prefixes=TEXT_PREFIXES, batch_size=2, workers=2, return_scores=True
+    )
+    assert batched[0] == [texts[0] for texts, _ in alone]
+    np.testing.assert_allclose(batched[1], [scores[0] for _, scores in alone], atol=1e-5)
+
+
+def test_translation_scores_are_the_whole_outputs_log_probability(translator):
+    """The score the translator reports is log P(prefix + continuation) / lp(|Y|), as forced decoding gives it."""
+    translations, scores = translator.translate(SENTENCES, return_scores=True, target_prefixes=TEXT_PREFIXES)
+    rows = [i for i, sentence in enumerate(SENTENCES) if sentence]
+    source_ids = translator.source_ids(tf.constant([SENTENCES[i] for i in rows]))
+    prefix_ids = translator.tokenizer.tokenize(translator.normalized(tf.constant([TEXT_PREFIXES[i] for i in rows])))
+    token_ids, _ = translator.search_with_prefix(source_ids, prefix_ids.to_tensor())
+    assert texts_of(translator.tokenizer.detokenize(token_ids)) == [translations[i] for i in rows]
+    log_probs, lengths = score_outputs(translator.model, source_ids, token_ids)
+    expected = log_probs.numpy() / length_penalty(lengths, translator.alpha).numpy()
+    np.testing.assert_allclose([scores[i] for i in rows], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_translations_start_with_their_prefix(tiny_run_dir):
+    from keras_transformer.inference.translator import Translator
+
+    translator = Translator.from_run_dir(tiny_run_dir, dtype="bfloat16", beam_size=3, max_extra_length=EXTRA)
+    assert translator.model.compute_dtype == "bfloat16"
+    check_starts(translator.translate(SENTENCES, target_prefixes=TEXT_PREFIXES))
+
+
+def test_translate_strings_holds_no_prefix_search(translator):
+    """The default signature traces the search without prefixes only: its graph is the one it was."""
+    functions = translator.translate_strings.get_concrete_function().graph.as_graph_def().library.function
+    names = [function.signature.name for function in functions]
+    assert any("decode" in name for name in names)
+    assert not any("with_prefix" in name for name in names), names
+
+
+def texts_of(tensor):
+    return [text.decode("utf-8") for text in tensor.numpy()]
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def run_translate(capsys, *args):
+    from keras_transformer import cli
+
+    capsys.readouterr()
+    status = cli.main(["translate", *args])
+    out = capsys.readouterr()
+    return status, out.out.splitlines(), out.err
+
+
+@pytest.fixture(scope="module")
+def export_dir(translator, tmp_path_factory):
+    from keras_transformer.inference.saved_model import export_saved_model
+
+    return export_saved_model(translator, str(tmp_path_factory.mktemp("prefix_export") / "model"), n_best=2)
+
+
+def test_library_command_line_and_saved_model_agree(translator, tiny_run_dir, export_dir, tmp_path, capsys):
+    from keras_transformer.inference.translator import SavedModelTranslator
+
+    expected, scores = translator.translate(SENTENCES, return_scores=True, target_prefixes=TEXT_PREFIXES)
+    check_starts(expected)
+    # The signature, loaded in process.
+    loaded = tf.saved_model.load(export_dir)
+    assert set(loaded.signatures) == {"serving_default", "translate_with_prefix", "translate_n_best"}
+    served = loaded.signatures["translate_with_prefix"](
+        inputs=tf.constant(SENTENCES), target_prefixes=tf.constant(TEXT_PREFIXES)
+    )
+    assert texts_of(served["translations"]) == expected
+    np.testing.assert_allclose(served["scores"].numpy(), scores, atol=1e-5)
+    # SavedModelTranslator, through the batching.
+    saved = SavedModelTranslator(export_dir)
+    assert saved.translate(SENTENCES, target_prefixes=TEXT_PREFIXES, batch_size=2) == expected
+    # The command line, with the run directory and with the export.
+    source = write_lines(tmp_path / "src.txt", SENTENCES)
+    prefixes = write_lines(tmp_path / "prefixes.txt", TEXT_PREFIXES)
+    for model in (tiny_run_dir, export_dir):
+        flags = ["--beam", "3", "--max-extra-length", str(EXTRA)] if model == tiny_run_dir else []
+        status, lines, _ = run_translate(
+            capsys, "--model", model, *flags, "--input", source, "--target-prefix", prefixes, "--no-progress"
+        )
+        assert status == 0 and lines == expected, model
+    status, lines, _ = run_translate(
+        capsys, "--model", export_dir, "--target-prefix", prefixes, "--no-progress", *SENTENCES
+    )
+    assert status == 0 and lines == expected
+
+
+def test_help_documents_the_flag(capsys):
+    from keras_transformer import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["translate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--target-prefix FILE" in text and "Default: none" in text
+
+
+# ----------------------------------------------------------------------------------
+# Bad prefixes of text
+# ----------------------------------------------------------------------------------
+
+
+def test_library_refuses_bad_prefixes_in_one_line(translator):
+    with pytest.raises(ParameterError, match="has 2 prefixes for 5 sentences") as caught:
+        translator.translate(SENTENCES, target_prefixes=["a", "b"])
+    assert caught.value.parameter == "target_prefixes"
+    long = " ".join(["Hund"] * 40)
+    with pytest.raises(ParameterError, match=r"prefix 4: \d+ subwords, more than the \d+ tokens the translation of"):
+        translator.translate(SENTENCES, target_prefixes=["", "", long, long, ""])  # the blank sentence 3 passes
+    with pytest.raises(ParameterError, match="must be a str"):
+        translator.translate(SENTENCES, target_prefixes=["", 5, "", "", ""])
+    # The graph checks too, for clients of the exported signature.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="target prefix has more subwords"):
+        translator.translate_with_prefix(tf.constant(["A dog."]), tf.constant([long]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one target prefix per input"):
+        translator.translate_with_prefix(tf.constant(["A dog.", "A cat."]), tf.constant(["Ein"]))
+
+
+def test_command_line_refuses_bad_prefixes_in_one_line(translator, tiny_run_dir, export_dir, tmp_path, capsys):
+    source = write_lines(tmp_path / "src.txt", SENTENCES)
+    short = write_lines(tmp_path / "short.txt", TEXT_PREFIXES[:3])
+    long = write_lines(tmp_path / "long.txt", ["", " ".join(["Hund"] * 40), "", "", ""])
+    common = ["--max-extra-length", str(EXTRA), "--input", source, "--no-progress"]
+
+    def error(*args):
+        with pytest.raises(SystemExit) as caught:
+            cli_args = ["--model", tiny_run_dir, *common, *args]
+            run_translate(capsys, *cli_args)
+        err = capsys.readouterr().err.strip()
+        assert caught.value.code == 2 and len(err.splitlines()) == 1, err
+        return err
+
+    assert f"--target-prefix {short}: 3 lines for 5 input lines" in error("--target-prefix", short)
+    assert f"--target-prefix {long}: prefix 2: " in error("--target-prefix", long)
+    assert "--target-prefix -: standard input holds the sentences" in error("--target-prefix", "-", "--input", "-")
+    missing = short.replace("short", "missing")
+    with pytest.raises(SystemExit) as caught:
+        run_translate(capsys, "--model", export_dir, "--input", source, "--target-prefix", missing)
+    assert caught.value.code == 2 and f"--target-prefix {missing}: no such file." in capsys.readouterr().err
+    prefixes = write_lines(tmp_path / "prefixes.txt", TEXT_PREFIXES)
+    with pytest.raises(SystemExit) as caught:
+        run_translate(capsys, "--model", export_dir, "--input", source, "--target-prefix", prefixes, "--n-best", "1")
+    err = capsys.readouterr().err.strip()
+    assert caught.value.code == 2 and f"--target-prefix {prefixes}: cannot be given with n_best" in err

@@ -65,6 +65,7 @@ PARAMETER_FLAGS = {
     "translate": {
         **_MODEL_FLAGS,
         "n_best": "--n-best",
+        "target_prefixes": "--target-prefix",
         "top_k": "--sampling-topk",
         "temperature": "--sampling-temperature",
     },

@@ -35,6 +35,16 @@ def register(subparsers):
         "SOURCE_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index, best first; default: the best only, "
         "without index and score)",
     )
+    parser.add_argument(
+        "--target-prefix",
+        default=None,
+        metavar="FILE",
+        help="a file ('-' for stdin) with one target prefix per input, line N for input N (an empty line for "
+        "none): each translation starts with its prefix, and the search continues it (interactive "
+        "translation, terminology; not in the paper). Its subwords are forced as SentencePiece splits it, so "
+        "a prefix that ends inside a word forces that fragment's subwords. Not with a LiteRT file, nor with "
+        "--n-best and a SavedModel. Default: none, free decoding",
+    )
     sampling = parser.add_argument_group("sampling (instead of beam search; back-translation, data augmentation)")
     sampling.add_argument(
         "--sampling-topk",
@@ -64,14 +74,34 @@ def read_sentences(args):
     return read_stdin_lines()
 
 
+def read_target_prefixes(args, sentences):
+    """The lines of `--target-prefix FILE`, one per input sentence; None without the flag."""
+    if args.target_prefix is None:
+        return None
+    if args.target_prefix != "-":
+        prefixes = read_lines(args.target_prefix, "--target-prefix")
+    else:
+        prefixes = read_stdin_lines()
+    if len(prefixes) != len(sentences):
+        inputs = "sentences given" if args.sentences else "input lines"
+        raise CommandError(
+            f"--target-prefix {args.target_prefix}: {len(prefixes)} lines for {len(sentences)} {inputs} "
+            "(one prefix per input; an empty line for none)."
+        )
+    return prefixes
+
+
 def run(args):
     if args.sentences and args.input:
         raise CommandError("give sentences as arguments or --input, not both.")
+    if args.target_prefix == "-" and not args.sentences and args.input in (None, "-"):
+        raise CommandError("--target-prefix -: standard input holds the sentences; give the prefixes in a file.")
     if args.n_best is not None and (args.sampling_topk is not None or args.sampling_temperature is not None):
         sampling = "--sampling-topk" if args.sampling_topk is not None else "--sampling-temperature"
         raise CommandError(f"--n-best {args.n_best}: needs beam search, not sampling ({sampling}).")
     translator = translator_from_args(args)
     sentences = read_sentences(args)
+    prefixes = read_target_prefixes(args, sentences)
     from keras_transformer.inference.batching import translate_stream, truncated_sentences
 
     with native_logs_silenced():  # a SavedModel's vocabulary is read here
@@ -83,6 +113,7 @@ def run(args):
         batch_size=args.batch_size,
         progress=not args.sentences if args.progress is None else args.progress,
         n_best=args.n_best,
+        target_prefixes=prefixes,
     )
     try:
         for index, result in enumerate(results):

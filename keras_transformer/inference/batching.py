@@ -7,6 +7,9 @@
 - `translate_strings(inputs)`: tf.string `[N]` -> `{"translations", "scores"}`;
 - `n_best_strings(inputs, n_best)`: the same with `[N, n_best]` outputs,
   raising `ValueError` for an `n_best` it cannot give;
+- with target prefixes (`inference.prefixes`), `translate_with_prefix(inputs,
+  target_prefixes)` and `n_best_strings(inputs, n_best, target_prefixes)`,
+  and what `prefixes.overlong_prefixes` reads;
 - `max_batch_size`: the most sentences one call takes (None: no limit known).
 
 Decoding a batch is a chain of small ops that leaves cores idle, so
@@ -85,30 +88,34 @@ def translate_in_batches(
     return_scores=False,
     workers=DEFAULT_TRANSLATE_WORKERS,
     n_best=None,
+    target_prefixes=None,
 ):
     """Translates a list of str with `translator`, `workers` batches at a time; see `Translator.translate`.
 
     Args:
         translator: a `Translator` or a `SavedModelTranslator` (the module
             docstring says what it needs).
-        sentences, batch_size, progress, return_scores, workers, n_best: as
-            `Translator.translate`.
+        sentences, batch_size, progress, return_scores, workers, n_best,
+            target_prefixes: as `Translator.translate`; each prefix goes
+            with its sentence into whichever batch the sentence is in.
 
     Returns:
         As `Translator.translate`.
 
     Raises:
-        ParameterError: `workers` or `batch_size` out of range, or an `n_best`
-            the translator cannot give (before any sentence is decoded).
+        ParameterError: `workers` or `batch_size` out of range, an `n_best`
+            the translator cannot give, or bad `target_prefixes`
+            (`prefixes.checked_target_prefixes`), before any sentence is decoded.
     """
-    _check_options(translator, batch_size, workers, n_best)
     sentences = list(sentences)
+    prefixes = _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes)
     results = [None] * len(sentences)
     bar = _progress_bar(len(sentences)) if progress else None
     # All batches go to the pool at once: a `tf.function` traces under a lock, so the first
     # calls of two threads trace it once.
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        for batch in _decode(pool, translator, sentences, length_order(sentences), batch_size, workers, n_best):
+        order = length_order(sentences)
+        for batch in _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes):
             for row, result in batch:
                 results[row] = result
             _advance(bar, len(batch))
@@ -145,6 +152,7 @@ def translate_stream(
     progress=False,
     workers=DEFAULT_TRANSLATE_WORKERS,
     n_best=None,
+    target_prefixes=None,
 ):
     """Yields the translation of each sentence, in input order, as soon as it and those before it are decoded.
 
@@ -155,8 +163,8 @@ def translate_stream(
     pipe) sees it grow, and a stopped run keeps what was yielded.
 
     Args:
-        translator, sentences, batch_size, progress, workers, n_best: as
-            `Translator.translate`.
+        translator, sentences, batch_size, progress, workers, n_best,
+            target_prefixes: as `Translator.translate`.
 
     Yields:
         `(translation, score)` per sentence, or with `n_best` a list of `n_best` of them, best first.
@@ -164,15 +172,15 @@ def translate_stream(
     Raises:
         ParameterError: as `translate_in_batches`, at the first `next()`.
     """
-    _check_options(translator, batch_size, workers, n_best)
     sentences = list(sentences)
+    prefixes = _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes)
     bar = _progress_bar(len(sentences)) if progress else None
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
     try:
         for start, stop in stream_windows(len(sentences), batch_size, workers):
             order = start + length_order(sentences[start:stop])
             window = {}
-            for batch in _decode(pool, translator, sentences, order, batch_size, workers, n_best):
+            for batch in _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes):
                 window.update(batch)
                 _advance(bar, len(batch))
             for row in range(start, stop):
@@ -195,18 +203,15 @@ def truncated_sentences(translator, sentences):
     counts the subwords of what is left after the cut. None where the
     translator does not say how long its inputs may be.
     """
+    from keras_transformer.inference.sentences import cut_to_bytes
+
     limit = getattr(translator, "max_input_length", None)
     if not limit or not sentences:
         return []
     max_bytes = getattr(translator, "max_input_bytes", None)
     sizes = [len(sentence.encode("utf-8", "surrogateescape")) for sentence in sentences]
-    if max_bytes:  # as `Translator.bounded` cuts them, and so never tokenized whole here either
-        sentences = [
-            sentence.encode("utf-8", "surrogateescape")[:max_bytes].decode("utf-8", "ignore")
-            if size > max_bytes
-            else sentence
-            for sentence, size in zip(sentences, sizes)
-        ]
+    # Cut as `Translator.bounded` cuts them, and so never tokenized whole here either.
+    sentences = [cut_to_bytes(sentence, max_bytes) for sentence in sentences]
     pieces = translator.source_pieces(list(sentences))
     return [
         (index, int(count), size if max_bytes and size > max_bytes else None)
@@ -215,8 +220,11 @@ def truncated_sentences(translator, sentences):
     ]
 
 
-def _check_options(translator, batch_size, workers, n_best):
-    """Refuses `workers`, `batch_size` or `n_best` before any sentence is decoded."""
+def _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes):
+    """Refuses `workers`, `batch_size`, `n_best` or `target_prefixes` before any sentence is decoded.
+
+    Returns the prefixes as a list of str (`prefixes.checked_target_prefixes`), or None.
+    """
     import tensorflow as tf
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -229,14 +237,30 @@ def _check_options(translator, batch_size, workers, n_best):
         )
     if n_best is not None:
         translator.n_best_strings(tf.constant([], tf.string), n_best)  # checks n_best before any work
+    if target_prefixes is None:
+        return None
+    from keras_transformer.inference.prefixes import checked_target_prefixes
+
+    prefixes = checked_target_prefixes(translator, sentences, target_prefixes)
+    if n_best is not None:  # the translator may not take both
+        translator.n_best_strings(tf.constant([], tf.string), n_best, tf.constant([], tf.string))
+    return prefixes
 
 
-def _decode(pool, translator, sentences, order, batch_size, workers, n_best):
-    """Yields, batch by batch in submission order, `[(row, (text, score)), ...]` of the sentences `order` names."""
+def _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes=None):
+    """Yields, batch by batch in submission order, `[(row, (text, score)), ...]` of the sentences `order` names.
+
+    `prefixes`: None, or the target prefix of each sentence (a list of str), decoded with it.
+    """
     import tensorflow as tf
 
     def run(rows):
         inputs = tf.constant([sentences[i] for i in rows], tf.string)
+        if prefixes is not None:
+            given = tf.constant([prefixes[i] for i in rows], tf.string)
+            if n_best is None:
+                return rows, translator.translate_with_prefix(inputs, given)
+            return rows, translator.n_best_strings(inputs, n_best, given)
         if n_best is None:
             return rows, translator.translate_strings(inputs)
         return rows, translator.n_best_strings(inputs, n_best)

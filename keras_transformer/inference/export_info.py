@@ -9,7 +9,14 @@ import time
 
 import tensorflow as tf
 
-from keras_transformer.inference.signatures import INPUT_NAME, N_BEST_SIGNATURE_NAME, OUTPUT_NAMES, SIGNATURE_NAME
+from keras_transformer.inference.signatures import (
+    INPUT_NAME,
+    N_BEST_SIGNATURE_NAME,
+    OUTPUT_NAMES,
+    PREFIX_INPUT_NAME,
+    PREFIX_SIGNATURE_NAME,
+    SIGNATURE_NAME,
+)
 
 
 def export_info(translator, version, n_best, precision_choice):
@@ -23,6 +30,11 @@ def export_info(translator, version, n_best, precision_choice):
         "signature": {
             "name": SIGNATURE_NAME,
             "inputs": {INPUT_NAME: "tf.string [None]"},
+            "outputs": dict(zip(OUTPUT_NAMES, ("tf.string [None]", "float32 [None]"))),
+        },
+        "prefix_signature": {
+            "name": PREFIX_SIGNATURE_NAME,
+            "inputs": {INPUT_NAME: "tf.string [None]", PREFIX_INPUT_NAME: "tf.string [None]"},
             "outputs": dict(zip(OUTPUT_NAMES, ("tf.string [None]", "float32 [None]"))),
         },
         "version": version,

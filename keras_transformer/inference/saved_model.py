@@ -11,6 +11,12 @@ with no Python or tokenizer of its own:
                  scores        float32    [None]   log P / lp(|Y|) of each, for every beam size
                                                    (greedy too; 0 for blank input)
 
+    signature "translate_with_prefix"
+        inputs:  inputs           tf.string  [None]   sentences
+                 target_prefixes  tf.string  [None]   the start of each translation ("" for none)
+        outputs: as "serving_default"; each translation starts with its prefix
+                 (`Translator.translate_with_prefix`, `inference.prefixes`)
+
 It is the Translator's own `translate_strings` that is saved, so the served
 answers are those of `Translator(...).translate_strings` in process, for
 awkward input too (empty sentence -> empty translation; over-long sentence ->
@@ -89,7 +95,13 @@ from keras_transformer.inference.export_sources import (
 )
 from keras_transformer.inference.precision import resolve_decoding_precision
 from keras_transformer.inference.serving_warmup import warmup_for_export
-from keras_transformer.inference.signatures import INPUT_NAME, N_BEST_SIGNATURE_NAME, OUTPUT_NAMES, SIGNATURE_NAME
+from keras_transformer.inference.signatures import (
+    INPUT_NAME,
+    N_BEST_SIGNATURE_NAME,
+    OUTPUT_NAMES,
+    PREFIX_SIGNATURE_NAME,
+    SIGNATURE_NAME,
+)
 from keras_transformer.run_dir import TOKENIZER_FILENAME
 
 logger = logging.getLogger(__name__)
@@ -117,7 +129,8 @@ PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 
 
 class _ServingModule(tf.Module):
-    """What is saved: the Translator's traced `translate_strings`, the resources it captures, the assets."""
+    """What is saved: the Translator's traced `translate_strings` (and `translate_with_prefix`, ...), the resources
+    they capture, the assets."""
 
     def __init__(self, translator, asset_paths, n_best=None):
         super().__init__(name="keras_transformer_serving")
@@ -135,6 +148,8 @@ class _ServingModule(tf.Module):
         # One trace, used both by the signature and as `loaded.translate_strings`.
         self.translate_strings = translator.translate_strings.get_concrete_function()
         self.serving_signatures = {SIGNATURE_NAME: self.translate_strings}
+        self.translate_with_prefix = translator.translate_with_prefix.get_concrete_function()
+        self.serving_signatures[PREFIX_SIGNATURE_NAME] = self.translate_with_prefix
         if n_best:
             spec = tf.TensorSpec([None], tf.string, name=INPUT_NAME)
             n_best_fn = tf.function(lambda inputs: translator.n_best_strings(inputs, n_best), input_signature=[spec])

@@ -16,13 +16,22 @@ from keras_transformer.errors import ParameterError
 from keras_transformer.inference.batching import translate_in_batches
 from keras_transformer.inference.export_dirs import is_export_dir, read_export_info
 from keras_transformer.inference.sentences import count_source_pieces
-from keras_transformer.inference.signatures import N_BEST_SIGNATURE_NAME, SIGNATURE_NAME
+from keras_transformer.inference.signatures import (
+    INPUT_NAME,
+    N_BEST_SIGNATURE_NAME,
+    PREFIX_INPUT_NAME,
+    PREFIX_SIGNATURE_NAME,
+    SIGNATURE_NAME,
+)
 
 
 class SavedModelTranslator:
     """The same `translate` interface over an exported SavedModel (`serving_default`).
 
-    Its `max_batch_size` is the one the export's `export.json` records (None if it records none).
+    Its `max_batch_size`, and the limits `prefixes.overlong_prefixes` reads
+    (`max_input_length`, `max_input_bytes`, `max_extra_length`,
+    `output_length_cap`), are those the export's `export.json` records (None
+    where it records none).
     """
 
     def __init__(self, path):
@@ -36,12 +45,19 @@ class SavedModelTranslator:
         self.max_batch_size = None  # a SavedModel not written by keras-transformer
         self.max_input_length = None
         self.max_input_bytes = None
+        self.max_extra_length = None
+        self.output_length_cap = None
         self._tokenizer = None
         if is_export_dir(self.path):
-            decoding = read_export_info(self.path).get("decoding", {})
+            info = read_export_info(self.path)
+            decoding = info.get("decoding", {})
             self.max_batch_size = decoding.get("max_batch_size")
             self.max_input_length = decoding.get("max_input_length")
             self.max_input_bytes = decoding.get("max_input_bytes")
+            self.max_extra_length = decoding.get("max_extra_length")
+            model = info.get("model") or {}
+            if model.get("positional_encoding") == "learned":
+                self.output_length_cap = model.get("max_length")
 
     def source_pieces(self, sentences):
         """The subword count of each sentence, by the export's own vocabulary (`assets/spm.model`)."""
@@ -55,8 +71,30 @@ class SavedModelTranslator:
     def translate_strings(self, inputs):
         return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
 
-    def n_best_strings(self, inputs, n_best):
-        """The export's "translate_n_best" signature, cut to `n_best` (at most the exported N)."""
+    def translate_with_prefix(self, inputs, target_prefixes):
+        """The export's "translate_with_prefix" signature (`Translator.translate_with_prefix`)."""
+        signature = self._loaded.signatures.get(PREFIX_SIGNATURE_NAME)
+        if signature is None:
+            raise ParameterError(
+                "target_prefixes",
+                f"cannot be given: {self.path} was exported without a {PREFIX_SIGNATURE_NAME} signature "
+                "(export it again with this version of keras-transformer).",
+            )
+        return signature(
+            **{
+                INPUT_NAME: tf.convert_to_tensor(inputs, tf.string),
+                PREFIX_INPUT_NAME: tf.convert_to_tensor(target_prefixes, tf.string),
+            }
+        )
+
+    def n_best_strings(self, inputs, n_best, target_prefixes=None):
+        """The export's "translate_n_best" signature, cut to `n_best` (at most the exported N); no prefixes."""
+        if target_prefixes is not None:
+            raise ParameterError(
+                "target_prefixes",
+                f"cannot be given with n_best: {self.path} has no signature for the n best translations with "
+                "prefixes (a run directory has).",
+            )
         signature = self._loaded.signatures.get(N_BEST_SIGNATURE_NAME)
         if signature is None:
             raise ParameterError(
@@ -78,9 +116,12 @@ class SavedModelTranslator:
         return_scores=False,
         workers=DEFAULT_TRANSLATE_WORKERS,
         n_best=None,
+        target_prefixes=None,
     ):
         """As `Translator.translate`, through the same batching (`batching.translate_in_batches`)."""
-        return translate_in_batches(self, sentences, batch_size, progress, return_scores, workers, n_best)
+        return translate_in_batches(
+            self, sentences, batch_size, progress, return_scores, workers, n_best, target_prefixes
+        )
 
 
 def resolve_saved_model_dir(path):

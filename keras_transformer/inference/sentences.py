@@ -11,6 +11,20 @@ import tensorflow as tf
 from keras_transformer.data.text import normalize_in_graph
 
 
+def cut_to_bytes(sentence, max_bytes):
+    """`sentence` (str) cut to its first `max_bytes` UTF-8 bytes, a character cut in two dropped, as
+    `Translator.bounded` cuts it in the graph; None or a shorter sentence: the sentence itself.
+
+    Example:
+        >>> cut_to_bytes("für", 2), cut_to_bytes("für", 3), cut_to_bytes("für", None)
+        ('f', 'fü', 'für')
+    """
+    data = sentence.encode("utf-8", "surrogateescape")
+    if not max_bytes or len(data) <= max_bytes:
+        return sentence
+    return data[:max_bytes].decode("utf-8", "ignore")
+
+
 def normalized(sentences):
     """Sentences `[N]` as the training data was read: valid UTF-8 (U+FFFD for invalid bytes), no leading
     byte-order mark, runs of spaces and tabs as one space, no whitespace at either end (Unicode's too)."""

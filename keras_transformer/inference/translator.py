@@ -39,6 +39,8 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_TRANSLATE_WORKERS,
     EXTRA_OUTPUT_LENGTH,
 )
+from keras_transformer.decoding.prefixes import prefix_lengths
+from keras_transformer.decoding.tokens import output_limits
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.batching import translate_in_batches
 from keras_transformer.inference.saved_model_translator import (  # noqa: F401  (their home before)
@@ -48,7 +50,7 @@ from keras_transformer.inference.saved_model_translator import (  # noqa: F401  
 )
 from keras_transformer.inference.sentences import count_source_pieces
 from keras_transformer.inference.sentences import normalized as normalized_sentences
-from keras_transformer.inference.signatures import INPUT_NAME
+from keras_transformer.inference.signatures import INPUT_NAME, PREFIX_INPUT_NAME
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,10 @@ class Translator(tf.Module):
         search: the search as a `tf.function`, source ids `[B, S]` ->
             `(token_ids, scores)` (`keras_transformer.decoding.make_decode_fn`);
             its scores are raw from the search (log P for greedy).
+        search_with_prefix: the same search of `(source_ids, target_prefix)`
+            (`translate_with_prefix`).
+        output_length_cap: the model's position table size with learned
+            positions, which no output exceeds; None with sinusoidal ones.
 
     Example:
         An untrained tiny model, so its words are random; for a trained one,
@@ -150,25 +156,21 @@ class Translator(tf.Module):
         self.max_input_bytes = int(max_input_bytes or BYTES_PER_TOKEN * self.max_input_length)
         if isinstance(max_input_bytes, bool) or self.max_input_bytes < 1:
             raise ParameterError("max_input_bytes", f"must be a positive integer, got {max_input_bytes!r}.")
+        self.output_length_cap = model.config.max_length if model.config.positional_encoding == "learned" else None
         self.sampling = dict(sampling) if sampling else None
         options = dict(max_extra_length=self.max_extra_length, no_repeat_ngram_size=no_repeat_ngram_size)
         if self.sampling:
-            self.search = decoding.make_decode_fn(
-                model, "sampling", jit_compile=jit_compile, **self.sampling, **options
-            )
+            method, options = "sampling", dict(**self.sampling, **options)
         elif self.beam_size == 1:
-            self.search = decoding.make_decode_fn(model, "greedy", jit_compile=jit_compile, **options)
+            method = "greedy"
         else:
-            self.search = decoding.make_decode_fn(
-                model,
-                "beam",
-                jit_compile=jit_compile,
-                beam_size=self.beam_size,
-                alpha=self.alpha,
-                early_stopping=early_stopping,
-                **options,
-            )
-        self._search_all = None  # every beam, for n-best lists: built on first use
+            method = "beam"
+            options.update(beam_size=self.beam_size, alpha=self.alpha, early_stopping=early_stopping)
+        self.search = decoding.make_decode_fn(model, method, jit_compile=jit_compile, **options)
+        self.search_with_prefix = decoding.make_decode_fn(
+            model, method, jit_compile=jit_compile, with_target_prefix=True, **options
+        )
+        self._search_all = {}  # every beam, for n-best lists, without and with prefixes: built on first use
         self._jit_compile = jit_compile
 
     # In-graph -------------------------------------------------------------------
@@ -210,12 +212,37 @@ class Translator(tf.Module):
         (GNMT's length penalty, §6.1), |Y| counting the generated tokens with
         the end token, for every beam size (greedy too); 0 for a blank input.
         """
-        inputs = self._checked_inputs(inputs)
+        return self._translations(inputs)
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None], tf.string, name=INPUT_NAME),
+            tf.TensorSpec([None], tf.string, name=PREFIX_INPUT_NAME),
+        ]
+    )
+    def translate_with_prefix(self, inputs, target_prefixes):
+        """`translate_strings` where each translation starts with its target prefix (tf.string `[N]`, "": none).
+
+        A prefix is read as a source sentence is (`bounded`, `normalized`,
+        SentencePiece's subwords), without an end token, and its subwords are
+        forced (`decoding.beam_search`'s `target_prefix`; not in the paper);
+        the search continues them. A score is the whole translation's,
+        prefix included. A blank input still gets "" and 0. A prefix longer
+        than its translation may be (source subwords + end token +
+        `max_extra_length`), or a count of prefixes other than of inputs, is
+        an InvalidArgumentError.
+        """
+        return self._translations(inputs, target_prefixes)
+
+    def _translations(self, inputs, target_prefixes=None):
+        """`translate_strings` (`target_prefixes` None) or `translate_with_prefix`, in the graph."""
+        inputs = self._checked_inputs(inputs, target_prefixes)
         sentences = self.normalized(self.bounded(inputs))
         blank = tf.equal(tf.strings.length(sentences), 0)
+        search = self.search if target_prefixes is None else self.search_with_prefix
 
         def run():
-            token_ids, scores = self.search(self._ids_of_normalized(sentences))
+            token_ids, scores = self._searched(search, sentences, blank, target_prefixes)
             if self.beam_size == 1 or self.sampling:
                 # Greedy search and sampling give log P; every score is log P / lp(|Y|), as beam search's.
                 lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
@@ -231,41 +258,75 @@ class Translator(tf.Module):
             "scores": tf.where(blank, 0.0, scores),
         }
 
-    def _checked_inputs(self, inputs):
-        """`inputs`, once it is known to be a vector of at most `max_batch_size` sentences.
+    def _checked_inputs(self, inputs, target_prefixes=None):
+        """`inputs`, once it is known to be a vector of at most `max_batch_size` sentences (with as many prefixes).
 
         A signature called with a scalar or a matrix still runs the graph
         (its `[None]` shape is not enforced when the graph is fed), so the
         rank is checked at run time, before anything else reads the inputs.
         """
         inputs = tf.ensure_shape(inputs, [None], name="inputs_must_be_a_vector_of_sentences")
-        too_many = tf.debugging.assert_less_equal(
-            tf.size(inputs),
-            self.max_batch_size,
-            message=f"keras_transformer: at most {self.max_batch_size} sentences per request (inputs [N], N <= "
-            f"{self.max_batch_size}); split the batch",
-        )
-        with tf.control_dependencies([too_many]):
+        checks = [
+            tf.debugging.assert_less_equal(
+                tf.size(inputs),
+                self.max_batch_size,
+                message=f"keras_transformer: at most {self.max_batch_size} sentences per request (inputs [N], N <= "
+                f"{self.max_batch_size}); split the batch",
+            )
+        ]
+        if target_prefixes is not None:
+            target_prefixes = tf.ensure_shape(target_prefixes, [None], name="target_prefixes_must_be_a_vector")
+            checks.append(
+                tf.debugging.assert_equal(
+                    tf.size(target_prefixes),
+                    tf.size(inputs),
+                    message="keras_transformer: one target prefix per input (target_prefixes [N], inputs [N]; "
+                    "an empty string for none)",
+                )
+            )
+        with tf.control_dependencies(checks):
             return tf.identity(inputs)
 
-    def n_best_strings(self, inputs, n_best):
+    def _searched(self, search, sentences, blank, target_prefixes):
+        """`search` of `sentences` (`normalized`), of them and their `target_prefixes` (tf.string `[N]`) unless None."""
+        source_ids = self._ids_of_normalized(sentences)
+        if target_prefixes is None:
+            return search(source_ids)
+        prefixes = self.normalized(self.bounded(target_prefixes))
+        prefix_ids = tf.cast(self.tokenizer.tokenize(prefixes).to_tensor(default_value=PAD_ID), tf.int32)  # [N, P]
+        prefix_ids = tf.where(blank[:, None], PAD_ID, prefix_ids)  # a blank input's translation stays ""
+        # Checked here, not only in the search, which skips its checks under XLA.
+        _, limits = output_limits(self.model, source_ids, None, self.max_extra_length)
+        fits = tf.debugging.assert_less_equal(
+            prefix_lengths(prefix_ids),
+            limits,
+            message="keras_transformer: a target prefix has more subwords than its input's translation may have "
+            f"(the input's subwords and end token + max_extra_length {self.max_extra_length})",
+        )
+        with tf.control_dependencies([fits]):
+            return search(source_ids, tf.identity(prefix_ids))
+
+    def n_best_strings(self, inputs, n_best, target_prefixes=None):
         """`inputs` tf.string `[N]` -> the `n_best` best translations of each, best first.
 
         Returns `{"translations": tf.string [N, n_best], "scores": float32 [N, n_best]}`
         (scores as `translate_strings`'); a blank input gets `n_best` empty
         translations scored 0. Beam search with `return_all=True`: a sentence
         stops only when no alive hypothesis can beat its `beam_size`-th
-        finished one, so each of the n is exact.
+        finished one, so each of the n is exact. `target_prefixes`: as
+        `translate_with_prefix`'s; each of the n starts with its prefix.
         """
         if not 1 <= n_best <= self.beam_size or self.sampling:
             raise ParameterError(
                 "n_best", f"must be between 1 and the beam size {self.beam_size} (and no sampling), got {n_best}."
             )
-        if self._search_all is None:
-            self._search_all = decoding.make_decode_fn(
+        prefixed = target_prefixes is not None
+        if prefixed not in self._search_all:
+            self._search_all[prefixed] = decoding.make_decode_fn(
                 self.model,
                 "beam",
                 jit_compile=self._jit_compile,
+                with_target_prefix=prefixed,
                 beam_size=self.beam_size,
                 alpha=self.alpha,
                 early_stopping=self.early_stopping,
@@ -273,15 +334,16 @@ class Translator(tf.Module):
                 no_repeat_ngram_size=self.no_repeat_ngram_size,
                 return_all=True,
             )
-        return self._n_best_graph(inputs, n_best)
+        return self._n_best_graph(inputs, n_best, target_prefixes)
 
-    def _n_best_graph(self, inputs, n_best):
-        inputs = self._checked_inputs(inputs)
+    def _n_best_graph(self, inputs, n_best, target_prefixes=None):
+        inputs = self._checked_inputs(inputs, target_prefixes)
         sentences = self.normalized(self.bounded(inputs))
-        blank = tf.equal(tf.strings.length(sentences), 0)[:, None]  # [N, 1]
+        blank = tf.equal(tf.strings.length(sentences), 0)
+        search = self._search_all[target_prefixes is not None]
 
         def run():
-            token_ids, scores = self._search_all(self._ids_of_normalized(sentences))  # [N, K, L], [N, K]
+            token_ids, scores = self._searched(search, sentences, blank, target_prefixes)  # [N, K, L], [N, K]
             token_ids, scores = token_ids[:, :n_best], scores[:, :n_best]
             shape = tf.shape(token_ids)
             texts = self.tokenizer.detokenize(tf.reshape(token_ids, [shape[0] * shape[1], shape[2]]))
@@ -292,6 +354,7 @@ class Translator(tf.Module):
             return tf.zeros([0, n_best], tf.string), tf.zeros([0, n_best], tf.float32)
 
         translations, scores = tf.cond(tf.size(inputs) > 0, run, nothing)
+        blank = blank[:, None]  # [N, 1]
         return {"translations": tf.where(blank, "", translations), "scores": tf.where(blank, 0.0, scores)}
 
     # Python convenience ---------------------------------------------------------------
@@ -304,6 +367,7 @@ class Translator(tf.Module):
         return_scores=False,
         workers=DEFAULT_TRANSLATE_WORKERS,
         n_best=None,
+        target_prefixes=None,
     ):
         """Translates a list of `str`, batching sentences of similar length (`inference.batching`).
 
@@ -322,12 +386,23 @@ class Translator(tf.Module):
             n_best: None for one translation per sentence; N (at most the
                 beam size) for the N best of each, best first, as lists of
                 `(translation, score)` (`return_scores` is then implied).
+            target_prefixes: None, or one str per sentence ("" or None: none):
+                each translation starts with its prefix and the search
+                continues it (`translate_with_prefix`; the caveat of a prefix
+                that ends inside a word: `inference.prefixes`).
 
         Returns:
             The translations (a list of str, or of N-lists with `n_best`), and
             with `return_scores` the list of scores.
+
+        Raises:
+            ParameterError: as `batching.translate_in_batches`; for
+                `target_prefixes`, a count other than of the sentences or a
+                prefix longer than its translation may be.
         """
-        return translate_in_batches(self, sentences, batch_size, progress, return_scores, workers, n_best)
+        return translate_in_batches(
+            self, sentences, batch_size, progress, return_scores, workers, n_best, target_prefixes
+        )
 
     @classmethod
     def from_run_dir(cls, run_dir, dtype=None, checkpoint=None, **options):
