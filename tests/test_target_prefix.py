@@ -445,6 +445,29 @@ def test_library_command_line_and_saved_model_agree(translator, tiny_run_dir, ex
     assert status == 0 and lines == expected
 
 
+def test_bfloat16_library_command_line_and_saved_model_agree(tiny_run_dir, tmp_path, capsys):
+    from keras_transformer.inference.saved_model import export_saved_model
+    from keras_transformer.inference.translator import SavedModelTranslator, Translator
+
+    options = dict(beam_size=3, max_extra_length=EXTRA)
+    translator = Translator.from_run_dir(tiny_run_dir, dtype="bfloat16", **options)
+    expected, scores = translator.translate(SENTENCES, return_scores=True, target_prefixes=TEXT_PREFIXES)
+    check_starts(expected)
+    path = export_saved_model(tiny_run_dir, str(tmp_path / "model"), dtype="bfloat16", warmup_sentences=None, **options)
+    served, served_scores = SavedModelTranslator(path).translate(
+        SENTENCES, return_scores=True, target_prefixes=TEXT_PREFIXES
+    )
+    assert served == expected
+    np.testing.assert_allclose(served_scores, scores, atol=1e-5)
+    source = write_lines(tmp_path / "src.txt", SENTENCES)
+    prefixes = write_lines(tmp_path / "prefixes.txt", TEXT_PREFIXES)
+    flags = ["--beam", "3", "--max-extra-length", str(EXTRA), "--precision", "bfloat16", "--no-progress"]
+    status, lines, _ = run_translate(
+        capsys, "--model", tiny_run_dir, *flags, "--input", source, "--target-prefix", prefixes
+    )
+    assert status == 0 and lines == expected
+
+
 def test_help_documents_the_flag(capsys):
     from keras_transformer import cli
 
