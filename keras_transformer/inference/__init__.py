@@ -1,15 +1,24 @@
 """Inference and serving: from a trained model to translations, scores and exported models (§6.1).
 
-- `translator`: `Translator` (tokenizer + model + beam search in one graph),
-  `SavedModelTranslator`.
+- `translator`: `Translator` (tokenizer + model + beam search in one graph).
+- `saved_model_translator`: `SavedModelTranslator`, an export loaded as
+  `translate --model` loads it.
 - `loading`: `load_translator`, the translator for a path (a run directory, a
   SavedModel or a LiteRT file).
+- `sentences`: normalizing and counting the subwords of source sentences, as
+  both translators read them.
+- `prefixes`: target prefixes (forced starts of translations) as subword ids.
 - `batching`: the one batching routine both translators' `translate` use.
 - `saved_model`: a SavedModel for TensorFlow Serving, strings in,
   translations out: `export_run`, `reexport`, `export_translator`, and
   `export_saved_model`, which picks one by its source.
+- `export_info`: what an export records in `assets/export.json`.
 - `export_sources`: the `Translator` each kind of source exports, and
   `DecodingOptions`.
+- `export_dirs`: exported versions on disk: listing, reading, and refusing
+  unsafe graphs.
+- `litert`, `litert_graph`, `litert_text`, `litert_vocab`: one LiteRT
+  (`.tflite`) file of the translator (`export_litert`, `LiteRTTranslator`).
 - `ensembles`: several models of one vocabulary as one `Ensemble`:
   `load_ensemble`, `ensemble_translator`, `export_ensemble`.
 - `signatures`: the exported signatures' names, input and outputs.
