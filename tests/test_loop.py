@@ -834,8 +834,8 @@ def _write_pairs(directory, split, sources, targets):
     "problem, message",
     [
         ("lines", r"files of the train split have different line counts: .*train.en has 3, .*train.de has 2"),
-        ("utf8", r"file .*val.de: line 2: invalid UTF-8 .* \(val split\)"),
-        ("missing", r"file .*val.en: no such file \(val split\)"),
+        ("utf8", r".*val.de: line 2: invalid UTF-8 .* \(val split\)"),
+        ("missing", r".*val.en: no such file \(val split\)"),
     ],
 )
 def test_data_files_are_checked_before_the_run_directory_is_made(tmp_path, problem, message):
