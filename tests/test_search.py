@@ -527,6 +527,34 @@ def test_length_penalty_formula():
     np.testing.assert_allclose(length_penalty(1, 0.6), 1.0)
     np.testing.assert_allclose(length_penalty(7, 0.6), 2.0**0.6, rtol=1e-6)
     np.testing.assert_allclose(length_penalty(7, 0.0), 1.0)
+    np.testing.assert_allclose(length_penalty(7, 0.6, "average"), 7.0**0.6, rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(7, 1.0, "average"), 7.0, rtol=1e-6)
+    np.testing.assert_allclose(length_penalty(7, 0.0, "average"), 1.0)
+    with pytest.raises(ValueError, match="length_penalty must be one of gnmt, average, got 'fairseq'"):
+        length_penalty(7, 1.0, "fairseq")
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_average_length_penalty_ranks_by_log_prob_over_length(use_cache):
+    """With alpha 0.08, GNMT's penalty keeps [eos]; dividing by |Y| ** 0.08 (fairseq's) prefers the long output."""
+    model = ScriptedModel()
+    source = np.array([[7, 7, 7]], np.int32)
+    short, long = model.log_prob([EOS]), model.log_prob([4, 4, 4, 4, EOS])
+    assert long / (10 / 6) ** 0.08 < short < long / 5**0.08
+    ids, scores = beam_search(model, source, beam_size=2, alpha=0.08, use_cache=use_cache)
+    assert unpad(ids[0]) == [EOS]
+    ids, scores = beam_search(model, source, beam_size=2, alpha=0.08, use_cache=use_cache, length_penalty="average")
+    assert unpad(ids[0]) == [4, 4, 4, 4, EOS]
+    np.testing.assert_allclose(scores[0], long / 5**0.08, rtol=1e-5)
+
+
+def test_average_length_penalty_scores_are_log_prob_over_length(random_model, sources):
+    ids, scores = beam_search(random_model, sources, beam_size=3, alpha=1.0, return_all=True, length_penalty="average")
+    for b in range(len(sources)):
+        for k in range(ids.shape[1]):
+            tokens = unpad(ids.numpy()[b, k])
+            expected = teacher_forced_log_prob(random_model, sources[b], tokens) / len(tokens)
+            np.testing.assert_allclose(scores.numpy()[b, k], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_invalid_options(random_model, sources):
@@ -536,6 +564,8 @@ def test_invalid_options(random_model, sources):
         greedy_search(random_model, sources, max_length=0)
     with pytest.raises(ValueError, match="early_stopping"):
         beam_search(random_model, sources, early_stopping="never")
+    with pytest.raises(ValueError, match="length_penalty must be one of gnmt, average"):
+        beam_search(random_model, sources, length_penalty="fairseq")
     with pytest.raises(ValueError, match="method"):
         make_decode_fn(random_model, "sample")
     with pytest.raises(TypeError, match="beam_size"):
@@ -672,13 +702,13 @@ class RandomTableModel(ProjectionCountingModel):
         self.table.assign(np.log(self.probs).astype(np.float32))
 
 
-@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize(("alpha", "penalty"), [(0.0, "gnmt"), (1.0, "gnmt"), (1.0, "average")])
 @pytest.mark.parametrize("return_all", [False, True])
-def test_leaving_out_hypotheses_never_changes_a_search(return_all, alpha):
+def test_leaving_out_hypotheses_never_changes_a_search(return_all, alpha, penalty):
     """On random peaked models, the search that leaves out hopeless hypotheses equals the full reference one."""
     model = RandomTableModel()
     sources = padded([[7] * n for n in (1, 2, 4, 8)])  # different length limits, so different bounds
-    options = dict(beam_size=3, alpha=alpha, return_all=return_all)
+    options = dict(beam_size=3, alpha=alpha, return_all=return_all, length_penalty=penalty)
     for seed in range(8):
         model.draw(seed)
         ids, scores = beam_search(model, sources, **options)

@@ -11,6 +11,8 @@ Translation System", §7, eq. 14):
 
 where |Y| counts the generated tokens, the end token included. (GNMT's
 coverage penalty is not used, as in the paper's tensor2tensor setup.)
+`beam_search(..., length_penalty="average")` divides by |Y| ** alpha instead,
+as fairseq and CTranslate2 do (not the paper's; for their recipes).
 
 Public API:
 
@@ -26,7 +28,7 @@ Public API:
 - `target_prefix=` (each search, and `make_decode_fn(..., with_target_prefix=True)`):
   outputs that start with given tokens, the search continuing them
   (`keras_transformer.decoding.prefixes`; not in the paper).
-- `length_penalty(length, alpha)`.
+- `length_penalty(length, alpha, kind)`: "gnmt" (the default) or "average".
 
 Everything runs as one TensorFlow graph: a `tf.while_loop` (whose loop
 variables keep a fixed shape under XLA), so the search can be exported in a
@@ -73,7 +75,9 @@ _EXPORTS = {
     "DEFAULT_ALPHA": "keras_transformer.decoding.defaults",
     "DEFAULT_BEAM_SIZE": "keras_transformer.decoding.defaults",
     "DEFAULT_EARLY_STOPPING": "keras_transformer.decoding.defaults",
+    "DEFAULT_LENGTH_PENALTY": "keras_transformer.decoding.defaults",
     "EARLY_STOPPING": "keras_transformer.decoding.defaults",
+    "LENGTH_PENALTIES": "keras_transformer.decoding.defaults",
     "EXTRA_OUTPUT_LENGTH": "keras_transformer.decoding.defaults",
     "NEG_INF": "keras_transformer.decoding.defaults",
     "beam_search": "keras_transformer.decoding.search",

@@ -15,6 +15,12 @@ DEFAULT_ALPHA = 0.6
 # §6.1: maximum output length = input length + 50.
 EXTRA_OUTPUT_LENGTH = 50
 
+# How a finished hypothesis's log-probability is normalized by its length |Y| (end token included), the first the
+# default: "gnmt", divided by ((5 + |Y|) / 6) ** alpha, the penalty §6.1 cites (Wu et al., 2016, eq. 14); "average",
+# divided by |Y| ** alpha, fairseq's `--lenpen`, CTranslate2's `length_penalty` and Marian's `--normalize`.
+LENGTH_PENALTIES = ("gnmt", "average")
+DEFAULT_LENGTH_PENALTY = LENGTH_PENALTIES[0]
+
 # When a sentence's beam search ends (see `beam_search`); the first is the default.
 EARLY_STOPPING = ("exact", "k_finished")
 DEFAULT_EARLY_STOPPING = EARLY_STOPPING[0]

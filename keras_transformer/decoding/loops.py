@@ -8,7 +8,7 @@ the next position.
 
 import tensorflow as tf
 
-from keras_transformer.decoding.defaults import NEG_INF
+from keras_transformer.decoding.defaults import DEFAULT_LENGTH_PENALTY, LENGTH_PENALTIES, NEG_INF
 from keras_transformer.decoding.encoding import encode_by_length
 from keras_transformer.decoding.prefixes import checked_prefix, prefix_token_at
 from keras_transformer.decoding.steps import make_step_fn
@@ -19,10 +19,23 @@ from keras_transformer.special_ids import PAD_ID
 DROP_FINISHED_SHARE = 8
 
 
-def length_penalty(length, alpha):
-    """GNMT length penalty `((5 + length) / 6) ** alpha` (Wu et al., 2016, eq. 14), float32."""
+def length_penalty(length, alpha, kind=DEFAULT_LENGTH_PENALTY):
+    """The divisor of a finished hypothesis's log-probability, float32 (§6.1's "length penalty alpha").
+
+    Args:
+        length: the output length |Y|, end token included (int or int tensor).
+        alpha: the exponent; 0 gives 1 (raw log-probabilities).
+        kind: "gnmt": `((5 + length) / 6) ** alpha` (Wu et al., 2016, eq. 14, the penalty §6.1 cites);
+            "average": `length ** alpha` (fairseq's `--lenpen`, CTranslate2's `length_penalty`).
+
+    Returns:
+        float32, the shape of `length`.
+    """
     length = tf.cast(length, tf.float32)
-    return tf.pow((5.0 + length) / 6.0, tf.cast(alpha, tf.float32))
+    if kind not in LENGTH_PENALTIES:
+        raise ValueError(f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, got {kind!r}.")
+    base = (5.0 + length) / 6.0 if kind == "gnmt" else length
+    return tf.pow(base, tf.cast(alpha, tf.float32))
 
 
 def greedy_search_graph(
@@ -160,6 +173,7 @@ def beam_search_graph(
     early_stopping,
     no_repeat_ngram_size=0,
     target_prefix=None,
+    length_penalty=DEFAULT_LENGTH_PENALTY,
 ):
     """Untrimmed beam search: finished `(token_ids [B, K, L], scores [B, K])`, best first.
 
@@ -177,13 +191,14 @@ def beam_search_graph(
     # Encode once; the K beams of a sentence share its memory.
     memory = encode_by_length(model, source_ids)  # [B, S, D]
     step = make_step_fn(model, memory, source_ids, buffer_length, bos_id, use_cache, beam_size=k)
-    beams = _initial_beams(batch_size, k, buffer_length, limits, alpha)
+    beams = _initial_beams(batch_size, k, buffer_length, limits, alpha, length_penalty)
     if target_prefix is not None:
         beams["prefix"] = checked_prefix(target_prefix, limits)  # [B, P + 1]
     results = {"finished_ids": beams["finished_ids"], "finished_scores": beams["finished_scores"]}
     options = dict(
         k=k,
         alpha=alpha,
+        penalty_kind=length_penalty,
         min_length=min_length,
         eos_id=eos_id,
         early_stopping=early_stopping,
@@ -215,6 +230,7 @@ def _beam_step(
     model_state,
     k,
     alpha,
+    penalty_kind,
     min_length,
     eos_id,
     early_stopping,
@@ -262,7 +278,7 @@ def _beam_step(
     # 3. Finished: the candidates that end and rank in the top K (the new
     #    beam), scored with the length penalty; keep the K best overall.
     in_beam = tf.range(2 * k) < k  # [2K]
-    new_scores = top_log_probs / length_penalty(length, alpha)  # [B, 2K]
+    new_scores = top_log_probs / length_penalty(length, alpha, penalty_kind)  # [B, 2K]
     new_scores = tf.where(ends & in_beam, new_scores, NEG_INF)
     merged_scores = tf.concat([beams["finished_scores"], new_scores], axis=1)  # [B, 3K]
     merged_ids = tf.concat([beams["finished_ids"], top_ids], axis=1)  # [B, 3K, L]
@@ -351,7 +367,7 @@ def _cannot_improve(alive_log_probs, finished_scores, max_penalty, early_stoppin
     return target >= best_alive_bound
 
 
-def _initial_beams(batch_size, k, buffer_length, limits, alpha):
+def _initial_beams(batch_size, k, buffer_length, limits, alpha, penalty_kind):
     """Each sentence's search before step 0 (a dict of `[B, ...]` tensors, one row per sentence)."""
     # Only beam 0 starts alive: the other K-1 copies of the start token would
     # otherwise fill the first beam with duplicates.
@@ -364,6 +380,6 @@ def _initial_beams(batch_size, k, buffer_length, limits, alpha):
         done=tf.zeros([batch_size], tf.bool),  # [B]
         limits=limits,  # [B]: maximum output length
         # Best score a sentence's alive hypotheses could still reach is divided by this.
-        max_penalty=length_penalty(limits, alpha),  # [B]
+        max_penalty=length_penalty(limits, alpha, penalty_kind),  # [B]
         sentence=tf.range(batch_size),  # [B]: the row of the sentence in the input and results
     )

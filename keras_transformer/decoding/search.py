@@ -14,8 +14,10 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
+    DEFAULT_LENGTH_PENALTY,
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
+    LENGTH_PENALTIES,
     NEG_INF,
 )
 from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
@@ -174,6 +176,7 @@ def beam_search(
     early_stopping=DEFAULT_EARLY_STOPPING,
     no_repeat_ngram_size=0,
     target_prefix=None,
+    length_penalty=DEFAULT_LENGTH_PENALTY,
 ):
     """Beam search with the GNMT length penalty, as in §6.1 (K = 4, alpha = 0.6).
 
@@ -204,6 +207,13 @@ def beam_search(
 
     With `return_all=True` a sentence only stops once no alive hypothesis can
     beat the K-th finished one, so all K returned hypotheses are exact.
+
+    `length_penalty="average"` divides by `len ** alpha` instead (fairseq's
+    `--lenpen`, CTranslate2's `length_penalty`; with alpha = 1 the average
+    log-probability per token): not the paper's, for reproducing recipes that
+    were tuned with it. It grows faster with the length than GNMT's, so with
+    the same alpha it favours longer outputs. Both grow with the length, so
+    step 5's bound holds for either.
 
     N-gram blocking (`no_repeat_ngram_size` N > 0; fairseq's, CTranslate2's
     and Hugging Face's option, not the paper's) keeps a model from looping
@@ -258,6 +268,8 @@ def beam_search(
             or "k_finished" (stop once K hypotheses have finished).
         no_repeat_ngram_size: N > 0 blocks repeated N-grams (above); 0
             (default): off, and none of it is in the graph.
+        length_penalty: "gnmt" (default, §6.1's) or "average" (above);
+            `loops.length_penalty` computes either.
         target_prefix: None (default; none of it is in the graph), or int
             `[B, P]`: each sentence's prefix (above), 0-padded; a row of
             zeros for a sentence without one. Called eagerly, a bad prefix is
@@ -292,6 +304,7 @@ def beam_search(
         max_extra_length=max_extra_length,
         early_stopping=early_stopping,
         no_repeat_ngram_size=no_repeat_ngram_size,
+        length_penalty=length_penalty,
     )
     _check_options(**options)
     if tf.executing_eagerly():
@@ -346,6 +359,7 @@ def _check_options(
     top_k=0,
     seed=None,
     no_repeat_ngram_size=0,
+    length_penalty=DEFAULT_LENGTH_PENALTY,
     **_,
 ):
     if not 0.0 < float(temperature) < float("inf"):
@@ -354,6 +368,8 @@ def _check_options(
         raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be None or an integer, got {seed!r}.")
+    if length_penalty not in LENGTH_PENALTIES:
+        raise ParameterError("length_penalty", f"must be one of {', '.join(LENGTH_PENALTIES)}, got {length_penalty!r}.")
     if early_stopping not in EARLY_STOPPING:
         raise ValueError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
