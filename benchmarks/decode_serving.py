@@ -2,7 +2,8 @@
 
 Workload: Multi30k test2016 (1,000 English sentences, shipped with the
 package) translated by the trained demo model (`RUN_DIR`, default
-`runs/multi30k_en_de`) with beam 4, length penalty 0.6 and at most source +
+`runs/multi30k_en_de`, or an exported version such as the committed
+`saved_models/multi30k_en_de/1`) with beam 4, length penalty 0.6 and at most source +
 50 tokens (§6.1). Systems, each a fresh process (`serving_worker.py`):
 
 * ours: the run exported with `export_saved_model(..., beam_size=4,
@@ -15,6 +16,12 @@ package) translated by the trained demo model (`RUN_DIR`, default
   "ours bfloat16 k_finished", the same with `early_stopping="k_finished"`
   (not the default: it shows what the exact stopping rule costs), in
   "ours bfloat16"'s setting;
+* LiteRT: the same model as one `.tflite` file (`export_litert`), float32
+  ("litert float32") and with LiteRT's dynamic-range int8 weights ("litert
+  int8"), run by `LiteRTTranslator` (one interpreter per call in flight);
+* "keras int8": the model in float32 after Keras's own `quantize("int8")`,
+  decoded by the package's `Translator` (Keras quantizes its `Dense` layers,
+  the feed-forward networks; it skips the others);
 * CTranslate2: the same weights converted with `export_ctranslate2`,
   float32 compute ("ctranslate2 float32", the baseline) and, for
   reference, its int8 weights (CTranslate2 has no bfloat16 on CPU).
@@ -22,7 +29,8 @@ package) translated by the trained demo model (`RUN_DIR`, default
 Each system first gets its best setting on this machine: every candidate
 (request size x requests in flight x TensorFlow's thread pools x its kernels for ours, see
 `ours_candidates`; max_batch_size x
-inter_threads/intra_threads x GEMM library for CTranslate2, see `ct2_candidates`) is started, warmed up and timed
+inter_threads/intra_threads x GEMM library for CTranslate2, see `ct2_candidates`; `LITERT_CANDIDATES` and
+`KERAS_INT8_CANDIDATES` for the others) is started, warmed up and timed
 in `--tuning-passes` passes (default 2, its fastest pass counts), and the fastest candidate is kept. Then the kept
 systems' timed passes alternate
 for `--repeats` rounds (medians reported); a row's `setup_rss_mb` and
@@ -40,6 +48,7 @@ Usage:
         --json benchmarks/results/avx512_bf16/decode_serving.json
     .venv/bin/python benchmarks/decode_serving.py RUN_DIR --sentences 200 --repeats 1   # quick
     .venv/bin/python benchmarks/decode_serving.py RUN_DIR --precisions float32   # no bfloat16 (e.g. emulated)
+    .venv/bin/python benchmarks/decode_serving.py RUN_DIR --litert none   # no LiteRT files
 """
 
 from __future__ import annotations
@@ -75,6 +84,11 @@ OURS_CANDIDATES = [
 # `ours_candidates` adds TensorFlow's kernels.
 # (max_batch_size, inter_threads, intra_threads); `ct2_candidates` adds the GEMM library.
 CT2_CANDIDATES = [(8, 2, 1), (16, 2, 1), (32, 2, 1), (64, 2, 1), (64, 1, 2), (500, 2, 1)]
+# LiteRT: (sentences per call, calls in flight, threads per interpreter); each call in flight has its own interpreter.
+LITERT_CANDIDATES = [(8, 2, 1), (16, 2, 1)]
+# Keras's quantize("int8") on the package's `Translator`: (sentences per batch, batches in flight).
+KERAS_INT8_CANDIDATES = [(64, 2), (250, 2), (500, 1)]
+VERSIONS_OF = ["tensorflow", "tensorflow-text", "keras", "ctranslate2", "ai-edge-litert"]
 
 
 def ct2_candidates(vendor=None):
@@ -172,20 +186,24 @@ def best_setting(name, candidates, make_args, sentences_file, passes=2):
     return min(seconds, key=seconds.get), seconds
 
 
-def prepare_models(run_dir, work_dir, precisions=("float32", "bfloat16")):
-    """Exports the run as SavedModels (`precisions`) and as a CTranslate2 model; returns their paths."""
+def prepare_models(source, work_dir, precisions=("float32", "bfloat16"), litert=("float32", "int8")):
+    """Exports `source` (a run directory or an exported version) as SavedModels (`precisions`), as LiteRT files
+    (`litert`: float32 and/or int8 weights) and as a CTranslate2 model; returns their paths by system."""
     from keras_transformer.inference.ctranslate2 import export_ctranslate2
+    from keras_transformer.inference.export_dirs import is_export_dir
+    from keras_transformer.inference.export_sources import DecodingOptions, load_export
+    from keras_transformer.inference.litert import export_litert
     from keras_transformer.inference.saved_model import export_saved_model
     from keras_transformer.run_dir import load_run
 
     paths = {}
     for precision in precisions:
         paths[precision] = export_saved_model(
-            run_dir, os.path.join(work_dir, precision), version=1, beam_size=BEAM_SIZE, alpha=ALPHA, dtype=precision
+            source, os.path.join(work_dir, precision), version=1, beam_size=BEAM_SIZE, alpha=ALPHA, dtype=precision
         )
     if "bfloat16" in precisions:  # not the default: fairseq's stopping rule, to show what the exact one costs
         paths["bfloat16 k_finished"] = export_saved_model(
-            run_dir,
+            source,
             os.path.join(work_dir, "bfloat16_k_finished"),
             version=1,
             beam_size=BEAM_SIZE,
@@ -193,8 +211,18 @@ def prepare_models(run_dir, work_dir, precisions=("float32", "bfloat16")):
             dtype="bfloat16",
             early_stopping="k_finished",
         )
-    model, tokenizer = load_run(run_dir, dtype="float32")
+    decoding = DecodingOptions(beam_size=BEAM_SIZE, alpha=ALPHA)
+    for weights in litert:
+        path = os.path.join(work_dir, f"litert_{weights}.tflite")
+        paths[f"litert {weights}"] = export_litert(
+            source, path, decoding, quantize=None if weights == "float32" else weights, overwrite=True
+        )
+    if is_export_dir(source):
+        model, tokenizer, _ = load_export(source, dtype="float32")
+    else:
+        model, tokenizer = load_run(source, dtype="float32")
     paths["ctranslate2"] = export_ctranslate2(model, os.path.join(work_dir, "ct2"), tokenizer=tokenizer)
+    paths["keras int8"] = source  # quantized in its worker, after loading
     return paths
 
 
@@ -268,6 +296,7 @@ def systems_to_time(paths, sentences_file, only, precisions=("float32", "bfloat1
                     dict(setting=setting, early_stopping="k_finished"),
                 )
             )
+    chosen += _package_systems(paths, sentences_file, only, passes)
     for compute_type in ("float32", "int8"):
         name = f"ctranslate2 {compute_type}"
         if only and only not in name:
@@ -289,6 +318,33 @@ def systems_to_time(paths, sentences_file, only, precisions=("float32", "bfloat1
     return chosen
 
 
+def _package_systems(paths, sentences_file, only, passes):
+    """The LiteRT files (`paths["litert float32"]`, `paths["litert int8"]`) and Keras's `quantize("int8")` of the
+    model in their best settings: `[(name, worker args, tuning)]`."""
+    chosen = []
+    for name in [name for name in paths if name.startswith("litert ")] + ["keras int8"]:
+        if only and only not in name:
+            continue
+        if name == "keras int8":
+            candidates, labels = KERAS_INT8_CANDIDATES, ("batch_size", "workers")
+            args = lambda c: ["keras_int8", paths["keras int8"], *c]  # noqa: E731
+        else:
+            candidates, labels = LITERT_CANDIDATES, ("batch_size", "workers", "threads")
+            args = lambda c, n=name: ["litert", paths[n], *c]  # noqa: E731
+        best, tried = best_setting(name, candidates, args, sentences_file, passes)
+        chosen.append(
+            (
+                name,
+                args(best),
+                dict(
+                    setting=dict(zip(labels, best)),
+                    tuning={", ".join(f"{k} {v}" for k, v in zip(labels, c)): t for c, t in tried.items()},
+                ),
+            )
+        )
+    return chosen
+
+
 def score_outputs(outputs, references):
     from keras_transformer.inference.evaluation import corpus_scores
 
@@ -303,7 +359,9 @@ def score_outputs(outputs, references):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", nargs="?", default="runs/multi30k_en_de")
+    parser.add_argument(
+        "run_dir", nargs="?", default="runs/multi30k_en_de", help="a training run directory or an exported version"
+    )
     parser.add_argument("--sentences", type=int, default=1000, help="the first N sentences of test2016")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", help="time only the systems whose name contains this")
@@ -311,6 +369,11 @@ def main(argv=None):
         "--precisions",
         default="float32,bfloat16",
         help="our SavedModels to time, comma-separated (default %(default)s; bfloat16 also times k_finished stopping)",
+    )
+    parser.add_argument(
+        "--litert",
+        default="float32,int8",
+        help="LiteRT files to time, comma-separated weights (float32, int8), or none (default %(default)s)",
     )
     parser.add_argument(
         "--tuning-passes",
@@ -330,6 +393,9 @@ def main(argv=None):
     if args.tuning_passes < 1:
         parser.error(f"--tuning-passes must be at least 1, got {args.tuning_passes}")
     precisions = tuple(p.strip() for p in args.precisions.split(","))
+    litert = () if args.litert == "none" else tuple(w.strip() for w in args.litert.split(","))
+    if not set(litert) <= {"float32", "int8"}:
+        parser.error(f"--litert takes float32 and/or int8, or none, got {args.litert!r}")
     if not precisions or not set(precisions) <= {"float32", "bfloat16"}:
         parser.error(f"--precisions takes float32 and/or bfloat16, got {args.precisions!r}")
 
@@ -340,7 +406,7 @@ def main(argv=None):
     machine = common.machine_info()
     with tempfile.TemporaryDirectory(prefix="decode_serving_") as work_dir:
         sentences_file = write_sentences_file(work_dir, sources)
-        paths = prepare_models(args.run_dir, work_dir, precisions)
+        paths = prepare_models(args.run_dir, work_dir, precisions, litert)
         chosen = systems_to_time(
             paths,
             sentences_file,
@@ -405,7 +471,7 @@ def main(argv=None):
         "tuning_passes": args.tuning_passes,
         "client": args.client,
         "machine": machine,
-        "versions": common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"]),
+        "versions": common.package_versions(VERSIONS_OF),
         "results": common.results_payload(results, ["sentences"]),
         "quality": quality,
         "wall_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

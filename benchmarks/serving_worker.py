@@ -5,6 +5,8 @@
     python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA \
         COMPUTE_TYPE [GEMM]
     python benchmarks/serving_worker.py translator MODEL SENTENCES_FILE BATCH_SIZE WORKERS [KERNELS [THREADS]]
+    python benchmarks/serving_worker.py keras_int8 MODEL SENTENCES_FILE BATCH_SIZE WORKERS
+    python benchmarks/serving_worker.py litert FILE.tflite SENTENCES_FILE BATCH_SIZE WORKERS THREADS
 
 "savedmodel" imports only tensorflow and tensorflow_text, as a model server
 would: it sends the sentences to the `serving_default` signature,
@@ -28,6 +30,12 @@ a run directory, beam 4 and alpha 0.6): the package's
 workers=WORKERS)`; THREADS "cli" (the default) sets TensorFlow's pools as the
 command line does (`cli.threads.set_pools_for(WORKERS)`: cores // WORKERS
 intra-op threads, WORKERS inter-op), "default" leaves TensorFlow's own.
+"keras_int8" is "translator" on MODEL's Keras model in float32 after Keras's
+own `model.quantize("int8")` (int8 weights for the layers Keras can quantize),
+decoding with beam 4, alpha 0.6 and source + 50 tokens. "litert" runs a
+LiteRT file (`export_litert`, its decoding fixed in it) with
+`LiteRTTranslator(FILE, num_threads=THREADS).translate(sentences,
+batch_size=BATCH_SIZE, workers=WORKERS)`: one interpreter per worker thread.
 
 Protocol (one JSON object per line): it prints {"ready": ...} after a warm-up
 pass; each "run" read on stdin makes one timed pass over all sentences and
@@ -112,6 +120,27 @@ def translator_engine(model, sentences, batch_size, workers, kernels="default", 
     return lambda: translator.translate(sentences, batch_size=int(batch_size), workers=int(workers))
 
 
+def keras_int8_engine(model, sentences, batch_size, workers):
+    from keras_transformer.cli.threads import set_pools_for
+
+    set_pools_for(int(workers))
+    from keras_transformer.inference.export_dirs import is_export_dir
+    from keras_transformer.inference.export_sources import DecodingOptions, translator_of_export, translator_of_run
+
+    decoding = DecodingOptions(beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_extra_length=EXTRA_LENGTH)
+    load = translator_of_export if is_export_dir(model) else translator_of_run
+    translator = load(model, decoding, dtype="float32")
+    translator.model.quantize("int8")
+    return lambda: translator.translate(sentences, batch_size=int(batch_size), workers=int(workers))
+
+
+def litert_engine(path, sentences, batch_size, workers, threads):
+    from keras_transformer.inference.litert import LiteRTTranslator
+
+    translator = LiteRTTranslator(path, num_threads=int(threads))
+    return lambda: translator.translate(sentences, batch_size=int(batch_size), workers=int(workers))
+
+
 def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compute_type, gemm="default"):
     if gemm == "mkl":  # read when the library loads
         os.environ["CT2_USE_MKL"] = "1"
@@ -143,7 +172,13 @@ def main(argv):
     kind, path, sentences_file, *options = argv
     with open(sentences_file, encoding="utf-8") as f:
         sentences = [line.rstrip("\n") for line in f]
-    engines = {"savedmodel": savedmodel_engine, "translator": translator_engine, "ctranslate2": ctranslate2_engine}
+    engines = {
+        "savedmodel": savedmodel_engine,
+        "translator": translator_engine,
+        "keras_int8": keras_int8_engine,
+        "litert": litert_engine,
+        "ctranslate2": ctranslate2_engine,
+    }
     translate = engines[kind](path, sentences, *options)
     started = time.perf_counter()
     output = translate()  # warm-up: traces, allocates, spins up threads
