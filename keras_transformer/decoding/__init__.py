@@ -66,7 +66,7 @@ The model only needs `encode`, `decode`, `init_cache` and `decode_step` (see
 without `compute_dtype` and `config.d_model` has its batch encoded whole.
 """
 
-import importlib
+from keras_transformer.lazy import lazy_exports
 
 # Public names and the module that defines each. They are loaded on first use, so that
 # `keras_transformer.decoding.defaults` (whose values the command line's flags show) does not
@@ -89,13 +89,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

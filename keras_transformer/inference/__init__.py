@@ -31,11 +31,13 @@
   tokenized BLEU of Multi30k papers.
 - `attention_maps`: `attention_weights`, `plot_attention` (the paper's
   Figures 3-5).
+- `alignments`: word alignments (Pharaoh "i-j") from the encoder-decoder
+  attention, in the graph (`align_ids`).
 
 Models come from a training run directory (`keras_transformer.run_dir`).
 """
 
-import importlib
+from keras_transformer.lazy import lazy_exports
 
 # Public names and the module that defines each. They are loaded on first use, so that
 # `keras_transformer.inference.precision` (whose choices the command line offers) does
@@ -57,13 +59,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -51,7 +51,7 @@ Command line: `keras-transformer train ...` and
 `keras-transformer average-checkpoints RUN_DIR --last K`.
 """
 
-import importlib
+from keras_transformer.lazy import lazy_exports
 
 # Public names and the module that defines each. They are loaded on first
 # use, so that `keras_transformer.training.options` (which the command line
@@ -72,13 +72,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
