@@ -10,6 +10,8 @@
 - with target prefixes (`inference.prefixes`), `translate_with_prefix(inputs,
   target_prefixes)` and `n_best_strings(inputs, n_best, target_prefixes)`,
   and what `prefixes.overlong_prefixes` reads;
+- with alignments (`inference.alignments`), `aligned_strings(inputs, n_best,
+  target_prefixes)`: the same outputs and `"alignments"`;
 - `max_batch_size`: the most sentences one call takes (None: no limit known).
 
 Decoding a batch is a chain of small ops that leaves cores idle, so
@@ -89,6 +91,7 @@ def translate_in_batches(
     workers=DEFAULT_TRANSLATE_WORKERS,
     n_best=None,
     target_prefixes=None,
+    alignments=False,
 ):
     """Translates a list of str with `translator`, `workers` batches at a time; see `Translator.translate`.
 
@@ -96,33 +99,37 @@ def translate_in_batches(
         translator: a `Translator` or a `SavedModelTranslator` (the module
             docstring says what it needs).
         sentences, batch_size, progress, return_scores, workers, n_best,
-            target_prefixes: as `Translator.translate`; each prefix goes
-            with its sentence into whichever batch the sentence is in.
+            target_prefixes, alignments: as `Translator.translate`; each
+            prefix goes with its sentence into whichever batch the sentence is in.
 
     Returns:
         As `Translator.translate`.
 
     Raises:
         ParameterError: `workers` or `batch_size` out of range, an `n_best`
-            the translator cannot give, or bad `target_prefixes`
-            (`prefixes.checked_target_prefixes`), before any sentence is decoded.
+            the translator cannot give, bad `target_prefixes`
+            (`prefixes.checked_target_prefixes`), or `alignments` the
+            translator cannot give (with these options), before any sentence is decoded.
     """
     sentences = list(sentences)
-    prefixes = _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes)
+    prefixes = _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes, alignments)
     results = [None] * len(sentences)
     bar = _progress_bar(len(sentences)) if progress else None
     # All batches go to the pool at once: a `tf.function` traces under a lock, so the first
     # calls of two threads trace it once.
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
         order = length_order(sentences)
-        for batch in _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes):
+        for batch in _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes, alignments):
             for row, result in batch:
                 results[row] = result
             _advance(bar, len(batch))
     if n_best is not None:
         return [list(zip(*result)) for result in results]
     translations, scores = [r[0] for r in results], [r[1] for r in results]
-    return (translations, scores) if return_scores else translations
+    answer = (translations, scores) if return_scores else (translations,)
+    if alignments:
+        answer = (*answer, [r[2] for r in results])
+    return answer if len(answer) > 1 else translations
 
 
 def stream_windows(count, batch_size, workers, first=STREAM_FIRST_WINDOW):
@@ -153,6 +160,7 @@ def translate_stream(
     workers=DEFAULT_TRANSLATE_WORKERS,
     n_best=None,
     target_prefixes=None,
+    alignments=False,
 ):
     """Yields the translation of each sentence, in input order, as soon as it and those before it are decoded.
 
@@ -164,28 +172,29 @@ def translate_stream(
 
     Args:
         translator, sentences, batch_size, progress, workers, n_best,
-            target_prefixes: as `Translator.translate`.
+            target_prefixes, alignments: as `Translator.translate`.
 
     Yields:
-        `(translation, score)` per sentence, or with `n_best` a list of `n_best` of them, best first.
+        `(translation, score)` per sentence (`(translation, score, alignment)` with `alignments`), or with
+        `n_best` a list of `n_best` of them, best first.
 
     Raises:
         ParameterError: as `translate_in_batches`, at the first `next()`.
     """
     sentences = list(sentences)
-    prefixes = _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes)
+    prefixes = _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes, alignments)
     bar = _progress_bar(len(sentences)) if progress else None
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
     try:
         for start, stop in stream_windows(len(sentences), batch_size, workers):
             order = start + length_order(sentences[start:stop])
             window = {}
-            for batch in _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes):
+            for batch in _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes, alignments):
                 window.update(batch)
                 _advance(bar, len(batch))
             for row in range(start, stop):
-                text, score = window.pop(row)
-                yield list(zip(text, score)) if n_best is not None else (text, score)
+                result = window.pop(row)
+                yield list(zip(*result)) if n_best is not None else result
     except BaseException:
         if bar is not None:
             sys.stderr.write("\n")  # ends the progress bar's line: what stops the stream may say why below it
@@ -220,8 +229,8 @@ def truncated_sentences(translator, sentences):
     ]
 
 
-def _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes):
-    """Refuses `workers`, `batch_size`, `n_best` or `target_prefixes` before any sentence is decoded.
+def _check_options(translator, batch_size, workers, n_best, sentences, target_prefixes, alignments=False):
+    """Refuses `workers`, `batch_size`, `n_best`, `target_prefixes` or `alignments` before any sentence is decoded.
 
     Returns the prefixes as a list of str (`prefixes.checked_target_prefixes`), or None.
     """
@@ -237,18 +246,26 @@ def _check_options(translator, batch_size, workers, n_best, sentences, target_pr
         )
     if n_best is not None:
         translator.n_best_strings(tf.constant([], tf.string), n_best)  # checks n_best before any work
-    if target_prefixes is None:
-        return None
-    from keras_transformer.inference.prefixes import checked_target_prefixes
+    prefixes = None
+    if target_prefixes is not None:
+        from keras_transformer.inference.prefixes import checked_target_prefixes
 
-    prefixes = checked_target_prefixes(translator, sentences, target_prefixes)
-    if n_best is not None:  # the translator may not take both
-        translator.n_best_strings(tf.constant([], tf.string), n_best, tf.constant([], tf.string))
+        prefixes = checked_target_prefixes(translator, sentences, target_prefixes)
+        if n_best is not None:  # the translator may not take both
+            translator.n_best_strings(tf.constant([], tf.string), n_best, tf.constant([], tf.string))
+    if alignments:
+        if not hasattr(translator, "aligned_strings"):
+            raise ParameterError(
+                "alignments", f"cannot be given: a {type(translator).__name__} gives no word alignments."
+            )
+        nothing = tf.constant([], tf.string)  # the translator may not give them with these options
+        translator.aligned_strings(nothing, n_best, None if prefixes is None else nothing)
     return prefixes
 
 
-def _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes=None):
-    """Yields, batch by batch in submission order, `[(row, (text, score)), ...]` of the sentences `order` names.
+def _decode(pool, translator, sentences, order, batch_size, workers, n_best, prefixes=None, alignments=False):
+    """Yields, batch by batch in submission order, `[(row, (text, score)), ...]` of the sentences `order` names
+    (`(text, score, alignment)` with `alignments`).
 
     `prefixes`: None, or the target prefix of each sentence (a list of str), decoded with it.
     """
@@ -256,8 +273,10 @@ def _decode(pool, translator, sentences, order, batch_size, workers, n_best, pre
 
     def run(rows):
         inputs = tf.constant([sentences[i] for i in rows], tf.string)
+        given = None if prefixes is None else tf.constant([prefixes[i] for i in rows], tf.string)
+        if alignments:
+            return rows, translator.aligned_strings(inputs, n_best, given)
         if prefixes is not None:
-            given = tf.constant([prefixes[i] for i in rows], tf.string)
             if n_best is None:
                 return rows, translator.translate_with_prefix(inputs, given)
             return rows, translator.n_best_strings(inputs, n_best, given)
@@ -267,11 +286,9 @@ def _decode(pool, translator, sentences, order, batch_size, workers, n_best, pre
 
     # All batches go to the pool at once: a `tf.function` traces under a lock, so the first
     # calls of two threads trace it once.
+    names = ("translations", "scores", "alignments") if alignments else ("translations", "scores")
     for rows, out in pool.map(run, even_batches(order, batch_size, workers)):
-        yield [
-            (row, _decoded(text, score))
-            for row, text, score in zip(rows, out["translations"].numpy(), out["scores"].numpy())
-        ]
+        yield [(row, _decoded(*values)) for row, *values in zip(rows, *(out[name].numpy() for name in names))]
 
 
 def _progress_bar(count):
@@ -287,8 +304,9 @@ def _advance(bar, count):
             bar.add(count)
 
 
-def _decoded(text, score):
-    """Bytes and score (or arrays of them, for n-best lists) -> str and float (or lists)."""
+def _decoded(text, score, *alignment):
+    """Bytes and score (or arrays of them, for n-best lists), and the alignment if given -> str and float (or
+    lists), and str (or a list)."""
     if isinstance(text, bytes):
-        return text.decode("utf-8"), float(score)
-    return [t.decode("utf-8") for t in text], [float(x) for x in score]
+        return (text.decode("utf-8"), float(score), *(a.decode("utf-8") for a in alignment))
+    return ([t.decode("utf-8") for t in text], [float(x) for x in score], *([a.decode() for a in x] for x in alignment))

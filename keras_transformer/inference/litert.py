@@ -383,14 +383,25 @@ class LiteRTTranslator:
             "n_best", f"cannot be given: {self.path} is a LiteRT translator, which has no n-best lists."
         )
 
-    def translate(self, sentences, batch_size=None, progress=False, return_scores=False, workers=None, n_best=None):
-        """As `Translator.translate`, through the same batching (`batching.translate_in_batches`)."""
+    def translate(
+        self,
+        sentences,
+        batch_size=None,
+        progress=False,
+        return_scores=False,
+        workers=None,
+        n_best=None,
+        alignments=False,
+    ):
+        """As `Translator.translate`, through the same batching (`batching.translate_in_batches`); no `alignments`."""
         from keras_transformer.decoding.defaults import DEFAULT_TRANSLATE_BATCH_SIZE, DEFAULT_TRANSLATE_WORKERS
         from keras_transformer.inference.batching import translate_in_batches
 
         batch_size = min(batch_size or DEFAULT_TRANSLATE_BATCH_SIZE, self.max_batch_size)
         workers = workers or DEFAULT_TRANSLATE_WORKERS
-        return translate_in_batches(self, sentences, batch_size, progress, return_scores, workers, n_best)
+        return translate_in_batches(
+            self, sentences, batch_size, progress, return_scores, workers, n_best, alignments=alignments
+        )
 
 
 def make_interpreter(path, num_threads=None, reference_kernels=False, runtime="tensorflow"):

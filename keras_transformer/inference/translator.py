@@ -42,6 +42,7 @@ from keras_transformer.decoding.defaults import (
 from keras_transformer.decoding.prefixes import prefix_lengths
 from keras_transformer.decoding.tokens import output_limits
 from keras_transformer.errors import ParameterError
+from keras_transformer.inference.alignments import align_ids, alignment_layer_index
 from keras_transformer.inference.batching import translate_in_batches
 from keras_transformer.inference.saved_model_translator import (  # noqa: F401  (their home before)
     SavedModelTranslator,
@@ -91,6 +92,10 @@ class Translator(tf.Module):
             character cut in two dropped) before it is normalized and
             tokenized, so the work per sentence is bounded whatever its
             size. Default: `BYTES_PER_TOKEN` (64) times `max_input_length`.
+        alignment_layer: the decoder layer whose encoder-decoder attention
+            gives the word alignments (`translate(..., alignments=True)`,
+            `translate_with_alignments`; `inference.alignments`): -1 (default)
+            the last, as fairseq's; negative counts from the last.
 
     Attributes:
         search: the search as a `tf.function`, source ids `[B, S]` ->
@@ -133,6 +138,7 @@ class Translator(tf.Module):
         max_batch_size=MAX_BATCH_SIZE,
         no_repeat_ngram_size=0,
         max_input_bytes=None,
+        alignment_layer=-1,
         name="translator",
     ):
         super().__init__(name=name)
@@ -144,6 +150,8 @@ class Translator(tf.Module):
         self.max_extra_length = int(max_extra_length)
         self.early_stopping = early_stopping
         self.no_repeat_ngram_size = no_repeat_ngram_size
+        alignment_layer_index(model, alignment_layer)  # refused now, not at the first alignment
+        self.alignment_layer = alignment_layer
         self.max_input_length = int(max_input_length or model.config.max_length)
         if self.max_input_length < 2:
             raise ValueError(f"max_input_length must be at least 2, got {self.max_input_length}.")
@@ -171,6 +179,7 @@ class Translator(tf.Module):
             model, method, jit_compile=jit_compile, with_target_prefix=True, **options
         )
         self._search_all = {}  # every beam, for n-best lists, without and with prefixes: built on first use
+        self._aligned = {}  # with alignments, for n-best lists or prefixes: built on first use
         self._jit_compile = jit_compile
 
     # In-graph -------------------------------------------------------------------
@@ -234,29 +243,49 @@ class Translator(tf.Module):
         """
         return self._translations(inputs, target_prefixes)
 
-    def _translations(self, inputs, target_prefixes=None):
-        """`translate_strings` (`target_prefixes` None) or `translate_with_prefix`, in the graph."""
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_NAME)])
+    def translate_with_alignments(self, inputs):
+        """`translate_strings`, and the word alignment of each translation with its input.
+
+        Returns `{"translations", "scores", "alignments"}`, the last tf.string
+        `[N]` in Pharaoh format ("0-0 1-2 2-1": source word i, target word j,
+        0-based, sorted by j; `inference.alignments`), from the
+        encoder-decoder attention of decoder layer `alignment_layer`, averaged
+        over the heads; "" for a blank input. The translations and scores
+        are `translate_strings`'.
+        """
+        return self._translations(inputs, alignments=True)
+
+    def _translations(self, inputs, target_prefixes=None, alignments=False):
+        """`translate_strings` (`target_prefixes` None) or `translate_with_prefix`, with `alignments` or without, in
+        the graph."""
         inputs = self._checked_inputs(inputs, target_prefixes)
         sentences = self.normalized(self.bounded(inputs))
         blank = tf.equal(tf.strings.length(sentences), 0)
         search = self.search if target_prefixes is None else self.search_with_prefix
 
         def run():
-            token_ids, scores = self._searched(search, sentences, blank, target_prefixes)
+            source_ids, token_ids, scores = self._searched(search, sentences, blank, target_prefixes)
             if self.beam_size == 1 or self.sampling:
                 # Greedy search and sampling give log P; every score is log P / lp(|Y|), as beam search's.
                 lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
                 scores = scores / decoding.length_penalty(lengths, self.alpha)
-            return self.tokenizer.detokenize(token_ids), scores
+            outputs = (self.tokenizer.detokenize(token_ids), scores)
+            return (*outputs, self._alignments(source_ids, token_ids)) if alignments else outputs
 
         def nothing():
-            return tf.zeros([0], tf.string), tf.zeros([0], tf.float32)
+            outputs = (tf.zeros([0], tf.string), tf.zeros([0], tf.float32))
+            return (*outputs, tf.zeros([0], tf.string)) if alignments else outputs
 
-        translations, scores = tf.cond(tf.size(inputs) > 0, run, nothing)
-        return {
-            "translations": tf.where(blank, "", translations),
-            "scores": tf.where(blank, 0.0, scores),
-        }
+        results = tf.cond(tf.size(inputs) > 0, run, nothing)
+        answer = {"translations": tf.where(blank, "", results[0]), "scores": tf.where(blank, 0.0, results[1])}
+        if alignments:
+            answer["alignments"] = tf.where(blank, "", results[2])
+        return answer
+
+    def _alignments(self, source_ids, token_ids):
+        """The Pharaoh alignments `[B]` of the sources and their translations (`alignments.align_ids`)."""
+        return align_ids(self.model, self.tokenizer, source_ids, token_ids, self.alignment_layer)
 
     def _checked_inputs(self, inputs, target_prefixes=None):
         """`inputs`, once it is known to be a vector of at most `max_batch_size` sentences (with as many prefixes).
@@ -288,10 +317,11 @@ class Translator(tf.Module):
             return tf.identity(inputs)
 
     def _searched(self, search, sentences, blank, target_prefixes):
-        """`search` of `sentences` (`normalized`), of them and their `target_prefixes` (tf.string `[N]`) unless None."""
+        """`(source_ids, token_ids, scores)`: the `search` of `sentences` (`normalized`), of them and their
+        `target_prefixes` (tf.string `[N]`) unless None."""
         source_ids = self._ids_of_normalized(sentences)
         if target_prefixes is None:
-            return search(source_ids)
+            return (source_ids, *search(source_ids))
         prefixes = self.normalized(self.bounded(target_prefixes))
         prefix_ids = tf.cast(self.tokenizer.tokenize(prefixes).to_tensor(default_value=PAD_ID), tf.int32)  # [N, P]
         prefix_ids = tf.where(blank[:, None], PAD_ID, prefix_ids)  # a blank input's translation stays ""
@@ -304,7 +334,7 @@ class Translator(tf.Module):
             f"(the input's subwords and end token + max_extra_length {self.max_extra_length})",
         )
         with tf.control_dependencies([fits]):
-            return search(source_ids, tf.identity(prefix_ids))
+            return (source_ids, *search(source_ids, tf.identity(prefix_ids)))
 
     def n_best_strings(self, inputs, n_best, target_prefixes=None):
         """`inputs` tf.string `[N]` -> the `n_best` best translations of each, best first.
@@ -316,11 +346,15 @@ class Translator(tf.Module):
         finished one, so each of the n is exact. `target_prefixes`: as
         `translate_with_prefix`'s; each of the n starts with its prefix.
         """
+        self._n_best_search(n_best, target_prefixes is not None)
+        return self._n_best_graph(inputs, n_best, target_prefixes)
+
+    def _n_best_search(self, n_best, prefixed):
+        """The beam search of every hypothesis (`return_all`), built on first use, once `n_best` is one it gives."""
         if not 1 <= n_best <= self.beam_size or self.sampling:
             raise ParameterError(
                 "n_best", f"must be between 1 and the beam size {self.beam_size} (and no sampling), got {n_best}."
             )
-        prefixed = target_prefixes is not None
         if prefixed not in self._search_all:
             self._search_all[prefixed] = decoding.make_decode_fn(
                 self.model,
@@ -334,28 +368,60 @@ class Translator(tf.Module):
                 no_repeat_ngram_size=self.no_repeat_ngram_size,
                 return_all=True,
             )
-        return self._n_best_graph(inputs, n_best, target_prefixes)
+        return self._search_all[prefixed]
 
-    def _n_best_graph(self, inputs, n_best, target_prefixes=None):
+    def _n_best_graph(self, inputs, n_best, target_prefixes=None, alignments=False):
         inputs = self._checked_inputs(inputs, target_prefixes)
         sentences = self.normalized(self.bounded(inputs))
         blank = tf.equal(tf.strings.length(sentences), 0)
         search = self._search_all[target_prefixes is not None]
 
         def run():
-            token_ids, scores = self._searched(search, sentences, blank, target_prefixes)  # [N, K, L], [N, K]
+            source_ids, token_ids, scores = self._searched(search, sentences, blank, target_prefixes)  # [N, K, L]
             token_ids, scores = token_ids[:, :n_best], scores[:, :n_best]
             shape = tf.shape(token_ids)
-            texts = self.tokenizer.detokenize(tf.reshape(token_ids, [shape[0] * shape[1], shape[2]]))
+            rows = tf.reshape(token_ids, [shape[0] * shape[1], shape[2]])
             # Beam search (for every beam size, 1 too) already gives log P / lp(|Y|).
-            return tf.reshape(texts, [shape[0], shape[1]]), scores
+            outputs = (tf.reshape(self.tokenizer.detokenize(rows), [shape[0], shape[1]]), scores)
+            if not alignments:
+                return outputs
+            aligned = self._alignments(tf.repeat(source_ids, shape[1], axis=0), rows)
+            return (*outputs, tf.reshape(aligned, [shape[0], shape[1]]))
 
         def nothing():
-            return tf.zeros([0, n_best], tf.string), tf.zeros([0, n_best], tf.float32)
+            outputs = (tf.zeros([0, n_best], tf.string), tf.zeros([0, n_best], tf.float32))
+            return (*outputs, tf.zeros([0, n_best], tf.string)) if alignments else outputs
 
-        translations, scores = tf.cond(tf.size(inputs) > 0, run, nothing)
+        results = tf.cond(tf.size(inputs) > 0, run, nothing)
         blank = blank[:, None]  # [N, 1]
-        return {"translations": tf.where(blank, "", translations), "scores": tf.where(blank, 0.0, scores)}
+        answer = {"translations": tf.where(blank, "", results[0]), "scores": tf.where(blank, 0.0, results[1])}
+        if alignments:
+            answer["alignments"] = tf.where(blank, "", results[2])
+        return answer
+
+    def aligned_strings(self, inputs, n_best=None, target_prefixes=None):
+        """`translate_with_alignments`, also for the `n_best` best translations or with `target_prefixes`.
+
+        Returns the outputs of `translate_with_alignments` (of
+        `n_best_strings`, `[N, n_best]` each, with `n_best`); `n_best` and
+        `target_prefixes` as `n_best_strings`' and `translate_with_prefix`'s.
+        Each combination is one `tf.function`, built on first use.
+        """
+        prefixed = target_prefixes is not None
+        if n_best is not None:
+            self._n_best_search(n_best, prefixed)
+        elif not prefixed:
+            return self.translate_with_alignments(inputs)
+        if (n_best, prefixed) not in self._aligned:
+            if n_best is None:
+                function = lambda inputs, prefixes: self._translations(inputs, prefixes, alignments=True)  # noqa: E731
+            else:
+                function = lambda inputs, prefixes=None: self._n_best_graph(  # noqa: E731
+                    inputs, n_best, prefixes, alignments=True
+                )
+            specs = [tf.TensorSpec([None], tf.string)] * (2 if prefixed else 1)
+            self._aligned[n_best, prefixed] = tf.function(function, input_signature=specs)
+        return self._aligned[n_best, prefixed](inputs, *([target_prefixes] if prefixed else []))
 
     # Python convenience ---------------------------------------------------------------
 
@@ -368,6 +434,7 @@ class Translator(tf.Module):
         workers=DEFAULT_TRANSLATE_WORKERS,
         n_best=None,
         target_prefixes=None,
+        alignments=False,
     ):
         """Translates a list of `str`, batching sentences of similar length (`inference.batching`).
 
@@ -390,10 +457,15 @@ class Translator(tf.Module):
                 each translation starts with its prefix and the search
                 continues it (`translate_with_prefix`; the caveat of a prefix
                 that ends inside a word: `inference.prefixes`).
+            alignments: also return the word alignment of each translation
+                with its sentence, a Pharaoh str ("0-0 1-2 2-1";
+                `translate_with_alignments`), last; with `n_best`, triples
+                `(translation, score, alignment)`.
 
         Returns:
-            The translations (a list of str, or of N-lists with `n_best`), and
-            with `return_scores` the list of scores.
+            The translations (a list of str, or of N-lists with `n_best`),
+            with `return_scores` the list of scores, with `alignments` the
+            list of alignments.
 
         Raises:
             ParameterError: as `batching.translate_in_batches`; for
@@ -401,7 +473,7 @@ class Translator(tf.Module):
                 prefix longer than its translation may be.
         """
         return translate_in_batches(
-            self, sentences, batch_size, progress, return_scores, workers, n_best, target_prefixes
+            self, sentences, batch_size, progress, return_scores, workers, n_best, target_prefixes, alignments
         )
 
     @classmethod
