@@ -1,5 +1,5 @@
 """Word alignments (`inference.alignments`): a copy model aligns each word with itself, subwords fold into the words
-of the text, and the Translator aligns with the layer it is given, in n-best lists, with prefixes and ensembles.
+of the text, and the library and the SavedModel give the same alignments.
 
 The toy task: sentences of made-up words of the letters a-h, each of several
 subwords of a 40-piece vocabulary (bare "▁" and "(" pieces included), and a
@@ -323,3 +323,91 @@ def test_library_refuses_bad_layers_and_translators_without_alignments(translato
     litert.max_batch_size = 8
     with pytest.raises(ParameterError, match="^alignments cannot be given: a LiteRTTranslator gives no word alignment"):
         litert.translate(["abc"], alignments=True)
+
+
+# ----------------------------------------------------------------------------------
+# The SavedModel
+# ----------------------------------------------------------------------------------
+
+
+def texts_of(tensor):
+    return [text.decode("utf-8") for text in tensor.numpy()]
+
+
+def mixed_sentences(words):
+    """Copies, longer sentences than the model saw (not aligned diagonally), unknown letters, a blank line."""
+    rng = np.random.default_rng(6)
+    return [sentence(rng, words) for _ in range(3)] + [sentence(rng, words, 7, 9) for _ in range(3)] + ["xyz ab", ""]
+
+
+@pytest.fixture(scope="module")
+def export_dir(translator, tmp_path_factory):
+    from keras_transformer.inference.saved_model import export_saved_model
+
+    return export_saved_model(translator, str(tmp_path_factory.mktemp("export") / "model"), warmup_sentences=None)
+
+
+@pytest.fixture(scope="module")
+def bfloat16(copy_task, tmp_path_factory):
+    """`(translator, export)` in bfloat16, aligning with layer 0 (the only one, named by its index)."""
+    from keras_transformer.inference.saved_model import export_saved_model
+    from keras_transformer.inference.translator import Translator
+
+    run_dir = copy_task[0]
+    translator = Translator.from_run_dir(run_dir, dtype="bfloat16", alignment_layer=0, **OPTIONS)
+    assert translator.model.compute_dtype == "bfloat16"
+    path = str(tmp_path_factory.mktemp("bfloat16") / "model")
+    return translator, export_saved_model(
+        run_dir, path, dtype="bfloat16", alignment_layer=0, warmup_sentences=None, **OPTIONS
+    )
+
+
+def models(request, precision):
+    """`(translator, export directory)` of `precision`."""
+    if precision == "float32":
+        return request.getfixturevalue("translator"), request.getfixturevalue("export_dir")
+    return request.getfixturevalue("bfloat16")
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_library_and_saved_model_agree(copy_task, request, precision):
+    """`translate(..., alignments=True)`, the Translator's graph, `align_ids` eagerly, the export's signature and
+    `SavedModelTranslator` give the same translations, scores and alignments."""
+    from keras_transformer.inference.translator import SavedModelTranslator
+
+    translator, export = models(request, precision)
+    sentences = mixed_sentences(copy_task[1])
+    expected, scores, aligned = translator.translate(sentences, return_scores=True, alignments=True)
+    assert aligned[-1] == "" and any(a != diagonal(t) for a, t in zip(aligned, expected) if t)
+    graph = translator.translate_with_alignments(tf.constant(sentences))
+    assert texts_of(graph["translations"]) == expected and texts_of(graph["alignments"]) == aligned
+    source_ids = translator.source_ids(tf.constant(sentences[:-1]))
+    eager = align_ids(translator.model, translator.tokenizer, source_ids, translator.search(source_ids)[0], -1)
+    assert texts_of(eager) == aligned[:-1]
+    loaded = tf.saved_model.load(export)
+    assert set(loaded.signatures) == {"serving_default", "translate_with_prefix", "translate_with_alignments"}
+    served = loaded.signatures["translate_with_alignments"](inputs=tf.constant(sentences))
+    assert texts_of(served["translations"]) == expected and texts_of(served["alignments"]) == aligned
+    np.testing.assert_allclose(served["scores"].numpy(), scores, atol=1e-5)
+    default = loaded.signatures["serving_default"](inputs=tf.constant(sentences))  # as it was: no alignments
+    assert set(default) == {"translations", "scores"} and texts_of(default["translations"]) == expected
+    np.testing.assert_allclose(default["scores"].numpy(), scores, atol=1e-5)
+    assert SavedModelTranslator(export).translate(sentences, alignments=True) == (expected, aligned)
+
+
+def test_saved_models_refuse_other_layers_and_combinations(export_dir, tmp_path):
+    from keras_transformer.inference.loading import load_translator
+    from keras_transformer.inference.translator import SavedModelTranslator
+
+    saved = SavedModelTranslator(export_dir)
+    with pytest.raises(ParameterError, match="^target_prefixes cannot be given with alignments: .* no signature"):
+        saved.translate(["abc"], alignments=True, target_prefixes=["ab"])
+    with pytest.raises(ParameterError, match="^n_best cannot be given with alignments: .* no signature"):
+        saved.aligned_strings(tf.constant(["abc"]), n_best=1)  # translate() finds no n-best signature first
+    assert load_translator(export_dir, alignment_layer=-1).alignment_layer == -1
+    with pytest.raises(ParameterError, match="^alignment_layer must be -1 for "):
+        load_translator(export_dir, alignment_layer=0)
+    tflite = tmp_path / "model.tflite"
+    tflite.write_bytes(b"")
+    with pytest.raises(ParameterError, match="^alignment_layer cannot be given: .* LiteRT file"):
+        load_translator(str(tflite), alignment_layer=0)

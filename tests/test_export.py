@@ -46,8 +46,9 @@ EXTRA = 10  # max_extra_length at export (50 in the paper; small to keep the tes
 BIN = os.path.dirname(sys.executable)
 
 # The only ops that may be missing from core TensorFlow: tensorflow-text's SentencePiece
-# ops, which the tensorflow/serving binary links (tensorflow_text:ops_lib).
-TEXT_OPS = {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp"}
+# ops, which the tensorflow/serving binary links (tensorflow_text:ops_lib); the last one
+# names the subwords of the alignments (`translate_with_alignments`).
+TEXT_OPS = {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp", "SentencepieceIdToStringOp"}
 
 
 def _bytes(items):

@@ -138,7 +138,11 @@ def test_an_export_s_n_best_signature_against_a_smaller_beam(tiny_run_dir, tmp_p
     )
     path = str(tmp_path / "smaller" / "1")
     assert "n_best_signature" not in _info(path) and _info(path)["decoding"]["beam_size"] == 2
-    assert set(tf.saved_model.load(path).signatures) == {"serving_default", "translate_with_prefix"}
+    assert set(tf.saved_model.load(path).signatures) == {
+        "serving_default",
+        "translate_with_prefix",
+        "translate_with_alignments",
+    }
     kept = export_saved_model(first, str(tmp_path / "kept"), warmup_sentences=None)
     assert _info(kept)["n_best_signature"]["n_best"] == 3
     with pytest.raises(ValueError, match="n_best must be between 1 and the beam size 3"):

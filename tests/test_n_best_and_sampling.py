@@ -57,7 +57,12 @@ def test_translate_command_writes_n_best_lines(tiny_run_dir, translator, capsys)
 def test_saved_model_n_best_signature(tiny_run_dir, translator, tmp_path):
     path = export_saved_model(tiny_run_dir, str(tmp_path / "served"), max_extra_length=6, n_best=2, dtype="float32")
     loaded = tf.saved_model.load(path)
-    assert set(loaded.signatures) == {"serving_default", "translate_with_prefix", "translate_n_best"}
+    assert set(loaded.signatures) == {
+        "serving_default",
+        "translate_with_prefix",
+        "translate_with_alignments",
+        "translate_n_best",
+    }
     outputs = loaded.signatures["translate_n_best"](inputs=tf.constant(SOURCES))
     assert outputs["translations"].shape == (len(SOURCES), 2) and outputs["scores"].shape == (len(SOURCES), 2)
     expected = translator.translate(SOURCES, n_best=2)
@@ -72,7 +77,7 @@ def test_saved_model_n_best_signature(tiny_run_dir, translator, tmp_path):
     plain = tf.saved_model.load(
         export_saved_model(tiny_run_dir, str(tmp_path / "plain"), max_extra_length=6, dtype="float32")
     )
-    assert set(plain.signatures) == {"serving_default", "translate_with_prefix"}
+    assert set(plain.signatures) == {"serving_default", "translate_with_prefix", "translate_with_alignments"}
 
 
 def test_sampling_from_the_command_line(tiny_run_dir, capsys):

@@ -421,7 +421,12 @@ def test_library_command_line_and_saved_model_agree(translator, tiny_run_dir, ex
     check_starts(expected)
     # The signature, loaded in process.
     loaded = tf.saved_model.load(export_dir)
-    assert set(loaded.signatures) == {"serving_default", "translate_with_prefix", "translate_n_best"}
+    assert set(loaded.signatures) == {
+        "serving_default",
+        "translate_with_prefix",
+        "translate_with_alignments",
+        "translate_n_best",
+    }
     served = loaded.signatures["translate_with_prefix"](
         inputs=tf.constant(SENTENCES), target_prefixes=tf.constant(TEXT_PREFIXES)
     )

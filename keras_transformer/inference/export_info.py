@@ -10,6 +10,8 @@ import time
 import tensorflow as tf
 
 from keras_transformer.inference.signatures import (
+    ALIGNMENT_OUTPUT_NAME,
+    ALIGNMENT_SIGNATURE_NAME,
     INPUT_NAME,
     N_BEST_SIGNATURE_NAME,
     OUTPUT_NAMES,
@@ -37,6 +39,14 @@ def export_info(translator, version, n_best, precision_choice):
             "inputs": {INPUT_NAME: "tf.string [None]", PREFIX_INPUT_NAME: "tf.string [None]"},
             "outputs": dict(zip(OUTPUT_NAMES, ("tf.string [None]", "float32 [None]"))),
         },
+        "alignment_signature": {
+            "name": ALIGNMENT_SIGNATURE_NAME,
+            "inputs": {INPUT_NAME: "tf.string [None]"},
+            "outputs": dict(
+                zip((*OUTPUT_NAMES, ALIGNMENT_OUTPUT_NAME), ("tf.string [None]", "float32 [None]", "tf.string [None]"))
+            ),
+            "alignment_layer": translator.alignment_layer,
+        },
         "version": version,
         "source": None,
         "weights": None,
@@ -63,6 +73,8 @@ def export_info(translator, version, n_best, precision_choice):
         info["decoding"]["sampling"] = translator.sampling
     if translator.no_repeat_ngram_size:  # recorded when on: an export without it decodes as before it existed
         info["decoding"]["no_repeat_ngram_size"] = translator.no_repeat_ngram_size
+    if translator.alignment_layer != -1:  # recorded when not the last layer, as no_repeat_ngram_size when on
+        info["decoding"]["alignment_layer"] = translator.alignment_layer
     if n_best:
         info["n_best_signature"] = {
             "name": N_BEST_SIGNATURE_NAME,

@@ -38,9 +38,11 @@ class DecodingOptions:
     """The decoding options an export fixes in its graph; None: the source's own.
 
     A run directory's own are §6.1's (beam 4, alpha 0.6, 50 extra tokens,
-    "exact" early stopping, the model's `max_length`, no n-gram blocking), an
-    export's are those its `export.json` records, a `Translator`'s its
-    attributes. `no_repeat_ngram_size` is recorded only when it is on (> 0).
+    "exact" early stopping, the model's `max_length`, no n-gram blocking,
+    alignments from the last decoder layer), an export's are those its
+    `export.json` records, a `Translator`'s its attributes.
+    `no_repeat_ngram_size` is recorded only when it is on (> 0),
+    `alignment_layer` only when it is not the last layer (-1).
 
     Example:
         >>> DecodingOptions(beam_size=1).given()
@@ -54,6 +56,7 @@ class DecodingOptions:
     early_stopping: str | None = None
     no_repeat_ngram_size: int | None = None
     max_input_bytes: int | None = None
+    alignment_layer: int | None = None
 
     def given(self):
         """The options given, as a dict (those that are not None)."""
@@ -71,6 +74,7 @@ RUN_DECODING_DEFAULTS = dict(
     early_stopping=DEFAULT_EARLY_STOPPING,
     no_repeat_ngram_size=0,
     max_input_bytes=None,
+    alignment_layer=-1,
 )
 
 

@@ -14,6 +14,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
 )
+from keras_transformer.errors import ParameterError
 from keras_transformer.inference import litert
 from keras_transformer.inference.saved_model_translator import SavedModelTranslator, is_saved_model
 from keras_transformer.inference.translator import Translator
@@ -31,15 +32,25 @@ def load_translator(
     checkpoint=None,
     sampling=None,
     no_repeat_ngram_size=0,
+    alignment_layer=None,
 ):
     """A translator for a run directory, an exported SavedModel or a LiteRT file (options fixed at export).
 
     `sampling`: `dict(top_k=..., temperature=..., seed=...)` to sample instead of searching (run directories).
-    `no_repeat_ngram_size`: see `Translator`.
+    `no_repeat_ngram_size`: see `Translator`. `alignment_layer`: see `Translator` (None: the last layer, or the
+    one a SavedModel was exported with).
+
+    Raises:
+        ParameterError: ("alignment_layer") a layer the model has not, one other than a SavedModel's, or any for
+            a LiteRT file (which gives no alignments).
     """
     given = (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint, no_repeat_ngram_size)
     given = given != (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None, 0)
     if litert.is_litert_file(path):
+        if alignment_layer is not None:
+            raise ParameterError(
+                "alignment_layer", f"cannot be given: {path} is a LiteRT file, which gives no alignments."
+            )
         return litert.load_litert_translator(path, options_given=given, sampling=sampling)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such directory (expected a run directory or a SavedModel).")
@@ -51,7 +62,14 @@ def load_translator(
             )
         if given:
             logger.warning("%s is a SavedModel: decoding options were fixed at export; ignoring the ones given.", path)
-        return SavedModelTranslator(path)
+        translator = SavedModelTranslator(path)
+        if alignment_layer is not None and alignment_layer != translator.alignment_layer:
+            raise ParameterError(
+                "alignment_layer",
+                f"must be {translator.alignment_layer} for {path}, the layer it was exported with (export it again "
+                f"with alignment_layer {alignment_layer} to align with that one).",
+            )
+        return translator
     return Translator.from_run_dir(
         path,
         beam_size=beam_size,
@@ -62,4 +80,5 @@ def load_translator(
         checkpoint=checkpoint,
         sampling=sampling,
         no_repeat_ngram_size=no_repeat_ngram_size,
+        alignment_layer=-1 if alignment_layer is None else alignment_layer,
     )

@@ -17,6 +17,12 @@ with no Python or tokenizer of its own:
         outputs: as "serving_default"; each translation starts with its prefix
                  (`Translator.translate_with_prefix`, `inference.prefixes`)
 
+    signature "translate_with_alignments"
+        inputs:  inputs        tf.string  [None]   sentences
+        outputs: as "serving_default", and
+                 alignments    tf.string  [None]   Pharaoh "i-j ..." word alignments
+                                                   (`Translator.translate_with_alignments`, `inference.alignments`)
+
 It is the Translator's own `translate_strings` that is saved, so the served
 answers are those of `Translator(...).translate_strings` in process, for
 awkward input too (empty sentence -> empty translation; over-long sentence ->
@@ -96,6 +102,7 @@ from keras_transformer.inference.export_sources import (
 from keras_transformer.inference.precision import resolve_decoding_precision
 from keras_transformer.inference.serving_warmup import warmup_for_export
 from keras_transformer.inference.signatures import (
+    ALIGNMENT_SIGNATURE_NAME,
     INPUT_NAME,
     N_BEST_SIGNATURE_NAME,
     OUTPUT_NAMES,
@@ -150,6 +157,8 @@ class _ServingModule(tf.Module):
         self.serving_signatures = {SIGNATURE_NAME: self.translate_strings}
         self.translate_with_prefix = translator.translate_with_prefix.get_concrete_function()
         self.serving_signatures[PREFIX_SIGNATURE_NAME] = self.translate_with_prefix
+        self.translate_with_alignments = translator.translate_with_alignments.get_concrete_function()
+        self.serving_signatures[ALIGNMENT_SIGNATURE_NAME] = self.translate_with_alignments
         if n_best:
             spec = tf.TensorSpec([None], tf.string, name=INPUT_NAME)
             n_best_fn = tf.function(lambda inputs: translator.n_best_strings(inputs, n_best), input_signature=[spec])

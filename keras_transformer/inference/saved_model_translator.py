@@ -17,6 +17,7 @@ from keras_transformer.inference.batching import translate_in_batches
 from keras_transformer.inference.export_dirs import is_export_dir, read_export_info
 from keras_transformer.inference.sentences import count_source_pieces
 from keras_transformer.inference.signatures import (
+    ALIGNMENT_SIGNATURE_NAME,
     INPUT_NAME,
     N_BEST_SIGNATURE_NAME,
     PREFIX_INPUT_NAME,
@@ -31,7 +32,8 @@ class SavedModelTranslator:
     Its `max_batch_size`, and the limits `prefixes.overlong_prefixes` reads
     (`max_input_length`, `max_input_bytes`, `max_extra_length`,
     `output_length_cap`), are those the export's `export.json` records (None
-    where it records none).
+    where it records none); its `alignment_layer` the one it aligns with (-1,
+    the last, unless it records another).
     """
 
     def __init__(self, path):
@@ -47,6 +49,7 @@ class SavedModelTranslator:
         self.max_input_bytes = None
         self.max_extra_length = None
         self.output_length_cap = None
+        self.alignment_layer = -1
         self._tokenizer = None
         if is_export_dir(self.path):
             info = read_export_info(self.path)
@@ -55,6 +58,7 @@ class SavedModelTranslator:
             self.max_input_length = decoding.get("max_input_length")
             self.max_input_bytes = decoding.get("max_input_bytes")
             self.max_extra_length = decoding.get("max_extra_length")
+            self.alignment_layer = decoding.get("alignment_layer", -1)
             model = info.get("model") or {}
             if model.get("positional_encoding") == "learned":
                 self.output_length_cap = model.get("max_length")
@@ -108,6 +112,27 @@ class SavedModelTranslator:
         outputs = signature(inputs=tf.convert_to_tensor(inputs, tf.string))
         return {name: value[:, :n_best] for name, value in outputs.items()}
 
+    def aligned_strings(self, inputs, n_best=None, target_prefixes=None):
+        """The export's "translate_with_alignments" signature (`Translator.translate_with_alignments`)."""
+        for given, parameter, what in (
+            (n_best, "n_best", "n best translations"),
+            (target_prefixes, "target_prefixes", "prefixes"),
+        ):
+            if given is not None:
+                raise ParameterError(
+                    parameter,
+                    f"cannot be given with alignments: {self.path} has no signature for the {what} with alignments "
+                    "(a run directory has).",
+                )
+        signature = self._loaded.signatures.get(ALIGNMENT_SIGNATURE_NAME)
+        if signature is None:
+            raise ParameterError(
+                "alignments",
+                f"cannot be given: {self.path} was exported without a {ALIGNMENT_SIGNATURE_NAME} signature "
+                "(export it again with this version of keras-transformer).",
+            )
+        return signature(**{INPUT_NAME: tf.convert_to_tensor(inputs, tf.string)})
+
     def translate(
         self,
         sentences,
@@ -117,10 +142,11 @@ class SavedModelTranslator:
         workers=DEFAULT_TRANSLATE_WORKERS,
         n_best=None,
         target_prefixes=None,
+        alignments=False,
     ):
         """As `Translator.translate`, through the same batching (`batching.translate_in_batches`)."""
         return translate_in_batches(
-            self, sentences, batch_size, progress, return_scores, workers, n_best, target_prefixes
+            self, sentences, batch_size, progress, return_scores, workers, n_best, target_prefixes, alignments
         )
 
 
