@@ -1,5 +1,5 @@
 """Word alignments (`inference.alignments`): a copy model aligns each word with itself, subwords fold into the words
-of the text, and the library and the SavedModel give the same alignments.
+of the text, and the library, the SavedModel and the command line give the same alignments.
 
 The toy task: sentences of made-up words of the letters a-h, each of several
 subwords of a 40-piece vocabulary (bare "▁" and "(" pieces included), and a
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import Transformer, TransformerConfig
+from keras_transformer import Transformer, TransformerConfig, cli
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.alignments import (
     align_ids,
@@ -411,3 +411,91 @@ def test_saved_models_refuse_other_layers_and_combinations(export_dir, tmp_path)
     tflite.write_bytes(b"")
     with pytest.raises(ParameterError, match="^alignment_layer cannot be given: .* LiteRT file"):
         load_translator(str(tflite), alignment_layer=0)
+
+
+# ----------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------
+
+
+def run_translate(capsys, *args):
+    capsys.readouterr()
+    status = cli.main(["translate", *args])
+    return status, capsys.readouterr().out.splitlines()
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+FLAGS = {
+    "float32": ["--beam", "2", "--max-extra-length", "4"],
+    "bfloat16": ["--beam", "2", "--max-extra-length", "4", "--precision", "bfloat16", "--alignment-layer", "0"],
+}
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_command_line_prints_the_librarys_alignments(copy_task, request, precision, tmp_path, capsys):
+    """`translate --alignments` of the run directory and of the export: `translation ||| alignment` per line."""
+    translator, export = models(request, precision)
+    sentences = mixed_sentences(copy_task[1])
+    expected, aligned = translator.translate(sentences, alignments=True)
+    source = write_lines(tmp_path / "src.txt", sentences)
+    lines = [f"{text} ||| {alignment}" for text, alignment in zip(expected, aligned)]
+    for model, flags in ((copy_task[0], FLAGS[precision]), (export, [])):
+        status, printed = run_translate(
+            capsys, "--model", model, *flags, "--alignments", "--input", source, "--no-progress"
+        )
+        assert (status, printed) == (0, lines), model
+    if precision == "float32":
+        lists = translator.translate(sentences[:2], n_best=2, alignments=True)
+        status, printed = run_translate(
+            capsys, "--model", copy_task[0], *FLAGS[precision], "--alignments", "--n-best", "2", *sentences[:2]
+        )
+        assert status == 0
+        assert printed == [
+            f"{i}\t{score:.6f}\t{t} ||| {a}" for i, entries in enumerate(lists) for t, score, a in entries
+        ]
+
+
+def test_command_line_refuses_bad_layers_and_combinations_in_one_line(copy_task, export_dir, tmp_path, capsys):
+    run_dir = copy_task[0]
+
+    def error(*args):
+        with pytest.raises(SystemExit) as caught:
+            run_translate(capsys, *args, "--no-progress", "abc de")
+        err = capsys.readouterr().err.strip()
+        assert caught.value.code == 2 and len(err.splitlines()) == 1, err
+        return err
+
+    assert "--alignment-layer 1: must be between -1 and 0" in error(
+        "--model", run_dir, "--alignments", "--alignment-layer", "1"
+    )
+    assert "--alignment-layer 0: needs --alignments." in error("--model", run_dir, "--alignment-layer", "0")
+    assert f"--alignments with --n-best 1: {export_dir} is a SavedModel" in error(
+        "--model", export_dir, "--alignments", "--n-best", "1"
+    )
+    prefixes = write_lines(tmp_path / "prefixes.txt", ["ab"])
+    assert f"--alignments with --target-prefix {prefixes}: " in error(
+        "--model", export_dir, "--alignments", "--target-prefix", prefixes
+    )
+    assert "--alignment-layer 0: must be -1 for " in error(
+        "--model", export_dir, "--alignments", "--alignment-layer", "0"
+    )
+    import argparse
+
+    message = cli.parameter_error_message(
+        "translate", argparse.Namespace(alignments=True), ParameterError("alignments", "cannot be given: a LiteRT")
+    )
+    assert message == "--alignments: cannot be given: a LiteRT"
+
+
+def test_help_documents_the_flags_with_an_example(capsys):
+    texts = {}
+    for command in ("translate", "export"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        texts[command] = " ".join(capsys.readouterr().out.split())
+        assert "--alignment-layer N" in texts[command] and "-1, the last" in texts[command]
+    assert "translate --alignments 'A dog runs.' prints 'Ein Hund rennt. ||| 0-0 1-1 2-2'" in texts["translate"]

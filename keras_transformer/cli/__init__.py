@@ -66,6 +66,8 @@ PARAMETER_FLAGS = {
         **_MODEL_FLAGS,
         "n_best": "--n-best",
         "target_prefixes": "--target-prefix",
+        "alignments": "--alignments",
+        "alignment_layer": "--alignment-layer",
         "top_k": "--sampling-topk",
         "temperature": "--sampling-temperature",
     },
@@ -82,6 +84,7 @@ PARAMETER_FLAGS = {
         "version": "--version",
         "warmup_sentences": "--warmup-sentences",
         "weights": "--weights",
+        "alignment_layer": "--alignment-layer",
     },
 }
 

@@ -135,8 +135,9 @@ def translator_from_args(args):
     if not args.trust_model:
         for path in args.models:
             refuse_unsafe_saved_model(path)
+    alignment_layer = getattr(args, "alignment_layer", None)  # translate's
     if ensemble_paths(args.models, args.weights):
-        return ensemble_translator_from_args(args, sampling)
+        return ensemble_translator_from_args(args, sampling, alignment_layer)
     with _loading_errors(args.model):
         return load_translator(
             args.model,
@@ -148,6 +149,7 @@ def translator_from_args(args):
             checkpoint=args.checkpoint,
             sampling=sampling,
             no_repeat_ngram_size=args.no_repeat_ngram_size,
+            alignment_layer=alignment_layer,
         )
 
 

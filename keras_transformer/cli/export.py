@@ -73,6 +73,14 @@ def register(subparsers):
         "for a run, an export's own)",
     )
     parser.add_argument(
+        "--alignment-layer",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the decoder layer whose attention the signature translate_with_alignments aligns with, 0-based, "
+        "negative from the last (default: -1, the last, for a run; an export's own)",
+    )
+    parser.add_argument(
         "--precision",
         choices=DECODING_PRECISION_CHOICES,
         default=None,
@@ -151,6 +159,7 @@ def run(args):
         max_input_bytes=args.max_input_bytes,
         early_stopping=args.early_stopping,
         no_repeat_ngram_size=args.no_repeat_ngram_size,
+        alignment_layer=args.alignment_layer,
         dtype=precision,
         n_best=args.n_best,
         warmup_sentences=warmup_sentences,
@@ -198,6 +207,7 @@ def _export_litert(sources, ensemble, args, options):
     refused = [
         (ensemble, "--model given more than once: an ensemble"),
         (args.n_best is not None, f"--n-best {args.n_best}"),
+        (args.alignment_layer is not None, f"--alignment-layer {args.alignment_layer}"),
         (args.version is not None, f"--version {args.version}"),
         (args.warmup_sentences is not None or args.no_warmup, "--warmup-sentences/--no-warmup"),
         (args.precision not in (None, "auto", "float32"), f"--precision {args.precision}"),

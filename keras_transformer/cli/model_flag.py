@@ -143,8 +143,9 @@ def ensemble_paths(paths, weights):
     return list(paths) if len(paths) > 1 else None
 
 
-def ensemble_translator_from_args(args, sampling=None):
-    """The `Translator` of the ensemble of every `--model` (two or more), with the decoding flags.
+def ensemble_translator_from_args(args, sampling=None, alignment_layer=None):
+    """The `Translator` of the ensemble of every `--model` (two or more), with the decoding flags (and
+    `alignment_layer`, if not None).
 
     Run directories and exported versions alike are loaded as models
     (`inference.ensembles.load_ensemble`), in `--precision` (default: the
@@ -173,6 +174,7 @@ def ensemble_translator_from_args(args, sampling=None):
             early_stopping=args.early_stopping,
             sampling=sampling,
             no_repeat_ngram_size=args.no_repeat_ngram_size,
+            **({} if alignment_layer is None else {"alignment_layer": alignment_layer}),
         )
 
 

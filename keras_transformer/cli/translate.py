@@ -45,6 +45,24 @@ def register(subparsers):
         "a prefix that ends inside a word forces that fragment's subwords. Not with a LiteRT file, nor with "
         "--n-best and a SavedModel. Default: none, free decoding",
     )
+    parser.add_argument(
+        "--alignments",
+        action="store_true",
+        help="also print each translation's word alignment with its input, after ' ||| ' (after each of the "
+        "--n-best translations too), in Pharaoh format: i-j for each target word j, i the source word it is "
+        "aligned with, both 0-based, words as split at spaces; from the encoder-decoder attention of one decoder "
+        "layer averaged over its heads (fairseq's --print-alignment; not in the paper). E.g. translate "
+        "--alignments 'A dog runs.' prints 'Ein Hund rennt. ||| 0-0 1-1 2-2'. Not with a LiteRT file, nor with "
+        "--n-best or --target-prefix and a SavedModel",
+    )
+    parser.add_argument(
+        "--alignment-layer",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --alignments: the decoder layer whose attention aligns, 0-based, negative from the last "
+        "(default -1, the last, as fairseq's; a SavedModel aligns with the one it was exported with)",
+    )
     sampling = parser.add_argument_group("sampling (instead of beam search; back-translation, data augmentation)")
     sampling.add_argument(
         "--sampling-topk",
@@ -99,7 +117,10 @@ def run(args):
     if args.n_best is not None and (args.sampling_topk is not None or args.sampling_temperature is not None):
         sampling = "--sampling-topk" if args.sampling_topk is not None else "--sampling-temperature"
         raise CommandError(f"--n-best {args.n_best}: needs beam search, not sampling ({sampling}).")
+    if args.alignment_layer is not None and not args.alignments:
+        raise CommandError(f"--alignment-layer {args.alignment_layer}: needs --alignments.")
     translator = translator_from_args(args)
+    refuse_saved_model_alignments(args, translator)
     sentences = read_sentences(args)
     prefixes = read_target_prefixes(args, sentences)
     from keras_transformer.inference.batching import translate_stream, truncated_sentences
@@ -114,6 +135,7 @@ def run(args):
         progress=not args.sentences if args.progress is None else args.progress,
         n_best=args.n_best,
         target_prefixes=prefixes,
+        alignments=args.alignments,
     )
     try:
         for index, result in enumerate(results):
@@ -127,13 +149,27 @@ def run(args):
     return 0
 
 
+def refuse_saved_model_alignments(args, translator):
+    """Refuses --alignments with --n-best or --target-prefix for a SavedModel, which has no signature for both."""
+    from keras_transformer.inference.saved_model_translator import SavedModelTranslator
+
+    if not args.alignments or not isinstance(translator, SavedModelTranslator):
+        return
+    for given, flag in ((args.n_best, "--n-best"), (args.target_prefix, "--target-prefix")):
+        if given is not None:
+            raise CommandError(
+                f"--alignments with {flag} {given}: {args.model} is a SavedModel, which has no signature for both "
+                "(a run directory has)."
+            )
+
+
 def write_result(index, result, n_best):
-    """Writes (and flushes) the translation of input `index`, or its n-best lines, to stdout."""
-    if n_best is None:
-        sys.stdout.write(result[0].replace("\n", " ") + "\n")
-    else:
-        for text, score in result:
-            sys.stdout.write(f"{index}\t{score:.6f}\t{text.replace(chr(10), ' ')}\n")
+    """Writes (and flushes) the translation of input `index` (" ||| " and its alignment, if given), or its n-best
+    lines, to stdout."""
+    rows = [result] if n_best is None else result
+    for text, score, *alignment in rows:
+        line = text.replace("\n", " ") + "".join(f" ||| {a}" for a in alignment)
+        sys.stdout.write(line + "\n" if n_best is None else f"{index}\t{score:.6f}\t{line}\n")
     sys.stdout.flush()
 
 
