@@ -26,7 +26,9 @@ How `align_ids` computes them for a source and its translation (subword ids):
    "▁" to the word after it); for SentencePiece's usual subwords, which never
    hold a "▁" but in front, a word is a subword that starts with "▁" and the
    subwords after it up to the next such one. An unknown subword (<unk>) is
-   read as SentencePiece detokenizes it, " ⁇ ", a word of its own.
+   read as SentencePiece detokenizes it, " ⁇ ", a word of its own; a
+   character spelled in bytes (byte fallback) as its byte subwords, so a
+   whitespace character the vocabulary lacks separates no words.
 4. The weight of source word i for target word j (`fold`) is the sum of the
    attention over the subwords of i, averaged over the subwords of j.
    Summed over a source word: each attention row is a probability
