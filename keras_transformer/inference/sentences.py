@@ -1,4 +1,4 @@
-"""How the translators read a sentence: normalized as the training data was read, and its subwords counted.
+"""How the translators read a sentence: checked, normalized as the training data was read, its subwords counted.
 
 `Translator` (and so a served SavedModel) and `SavedModelTranslator` both
 read sentences this way, so a line of `translate --input FILE` and a request
@@ -47,3 +47,33 @@ def count_source_pieces(tokenizer, sentences):
     if not sentences:
         return np.zeros([0], np.int64)
     return tokenizer.tokenize(normalized(tf.constant(sentences, tf.string))).row_lengths().numpy()
+
+
+def checked_request(inputs, max_batch_size, target_prefixes=None):
+    """`inputs`, once it is known to be a vector of at most `max_batch_size` sentences (with as many prefixes).
+
+    A signature called with a scalar or a matrix still runs the graph
+    (its `[None]` shape is not enforced when the graph is fed), so the
+    rank is checked at run time, before anything else reads the inputs.
+    """
+    inputs = tf.ensure_shape(inputs, [None], name="inputs_must_be_a_vector_of_sentences")
+    checks = [
+        tf.debugging.assert_less_equal(
+            tf.size(inputs),
+            max_batch_size,
+            message=f"keras_transformer: at most {max_batch_size} sentences per request (inputs [N], N <= "
+            f"{max_batch_size}); split the batch",
+        )
+    ]
+    if target_prefixes is not None:
+        target_prefixes = tf.ensure_shape(target_prefixes, [None], name="target_prefixes_must_be_a_vector")
+        checks.append(
+            tf.debugging.assert_equal(
+                tf.size(target_prefixes),
+                tf.size(inputs),
+                message="keras_transformer: one target prefix per input (target_prefixes [N], inputs [N]; "
+                "an empty string for none)",
+            )
+        )
+    with tf.control_dependencies(checks):
+        return tf.identity(inputs)

@@ -49,7 +49,7 @@ from keras_transformer.inference.saved_model_translator import (  # noqa: F401  
     is_saved_model,
     resolve_saved_model_dir,
 )
-from keras_transformer.inference.sentences import count_source_pieces
+from keras_transformer.inference.sentences import checked_request, count_source_pieces
 from keras_transformer.inference.sentences import normalized as normalized_sentences
 from keras_transformer.inference.signatures import INPUT_NAME, PREFIX_INPUT_NAME
 from keras_transformer.special_ids import EOS_ID, PAD_ID
@@ -259,7 +259,7 @@ class Translator(tf.Module):
     def _translations(self, inputs, target_prefixes=None, alignments=False):
         """`translate_strings` (`target_prefixes` None) or `translate_with_prefix`, with `alignments` or without, in
         the graph."""
-        inputs = self._checked_inputs(inputs, target_prefixes)
+        inputs = checked_request(inputs, self.max_batch_size, target_prefixes)
         sentences = self.normalized(self.bounded(inputs))
         blank = tf.equal(tf.strings.length(sentences), 0)
         search = self.search if target_prefixes is None else self.search_with_prefix
@@ -286,35 +286,6 @@ class Translator(tf.Module):
     def _alignments(self, source_ids, token_ids):
         """The Pharaoh alignments `[B]` of the sources and their translations (`alignments.align_ids`)."""
         return align_ids(self.model, self.tokenizer, source_ids, token_ids, self.alignment_layer)
-
-    def _checked_inputs(self, inputs, target_prefixes=None):
-        """`inputs`, once it is known to be a vector of at most `max_batch_size` sentences (with as many prefixes).
-
-        A signature called with a scalar or a matrix still runs the graph
-        (its `[None]` shape is not enforced when the graph is fed), so the
-        rank is checked at run time, before anything else reads the inputs.
-        """
-        inputs = tf.ensure_shape(inputs, [None], name="inputs_must_be_a_vector_of_sentences")
-        checks = [
-            tf.debugging.assert_less_equal(
-                tf.size(inputs),
-                self.max_batch_size,
-                message=f"keras_transformer: at most {self.max_batch_size} sentences per request (inputs [N], N <= "
-                f"{self.max_batch_size}); split the batch",
-            )
-        ]
-        if target_prefixes is not None:
-            target_prefixes = tf.ensure_shape(target_prefixes, [None], name="target_prefixes_must_be_a_vector")
-            checks.append(
-                tf.debugging.assert_equal(
-                    tf.size(target_prefixes),
-                    tf.size(inputs),
-                    message="keras_transformer: one target prefix per input (target_prefixes [N], inputs [N]; "
-                    "an empty string for none)",
-                )
-            )
-        with tf.control_dependencies(checks):
-            return tf.identity(inputs)
 
     def _searched(self, search, sentences, blank, target_prefixes):
         """`(source_ids, token_ids, scores)`: the `search` of `sentences` (`normalized`), of them and their
@@ -371,7 +342,7 @@ class Translator(tf.Module):
         return self._search_all[prefixed]
 
     def _n_best_graph(self, inputs, n_best, target_prefixes=None, alignments=False):
-        inputs = self._checked_inputs(inputs, target_prefixes)
+        inputs = checked_request(inputs, self.max_batch_size, target_prefixes)
         sentences = self.normalized(self.bounded(inputs))
         blank = tf.equal(tf.strings.length(sentences), 0)
         search = self._search_all[target_prefixes is not None]
