@@ -79,3 +79,29 @@ def tiny_run_dir(tmp_path_factory):
         json.dumps({"model": config.to_dict(), "tokenizer": "spm.model", "final_model": "model.keras"}, indent=2)
     )
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def end_token_run_dir(tiny_run_dir, tmp_path_factory):
+    """The tiny run with hypotheses of different lengths competing, so that decoding options change results.
+
+    Its shared embedding is shrunk (every other token nearly equally likely, so near-ties everywhere) and
+    the end token's row is a fixed random direction of norm 6, so a hypothesis ends at context-dependent
+    steps: the length penalty, the stopping rule and bfloat16 rounding then change which hypothesis wins,
+    where an untrained model would run every hypothesis to the length limit.
+    """
+    import numpy as np
+
+    from keras_transformer.run_dir import load_run
+    from keras_transformer.special_ids import EOS_ID
+
+    path = tmp_path_factory.mktemp("end_token") / "run"
+    shutil.copytree(tiny_run_dir, path)
+    model, _ = load_run(str(path))
+    embeddings = model.output_projection.embeddings
+    weights = embeddings.numpy() * 0.05
+    direction = np.random.default_rng(0).normal(size=weights.shape[1])
+    weights[EOS_ID] = 6.0 * direction / np.linalg.norm(direction)
+    embeddings.assign(weights)
+    model.save(path / "model.keras")
+    return str(path)

@@ -1,15 +1,12 @@
 """translate's and evaluate's decoding flags change what they print, as the library's options do.
 
-Each of --beam, --alpha, --early-stopping, --precision and --checkpoint is run with two values on
+Each of --beam, --alpha, --early-stopping, --length-penalty, --precision and --checkpoint is run with two values on
 a model where the two give different results, and each output is compared with the library's
 `Translator` given the same option: a command line that ignored a flag, or passed it on wrongly,
 would print the other value's output.
 
-The model is the untrained tiny run of conftest.py with its shared embedding shrunk (every other
-token nearly equally likely, so near-ties everywhere) and the end token's row a fixed direction of
-norm 6 (so the end of a hypothesis comes at context-dependent steps, and hypotheses of different
-lengths compete): the length penalty, the stopping rule and bfloat16 rounding then change which
-hypothesis wins, where an untrained model would run every hypothesis to the length limit.
+The model is conftest.py's `end_token_run_dir`, where hypotheses of different lengths compete: the
+length penalty, the stopping rule and bfloat16 rounding change which hypothesis wins.
 """
 
 import shutil
@@ -34,6 +31,8 @@ DECODINGS = {
         ["--alpha", "2", "--early-stopping", "k_finished"],
         dict(alpha=2.0, early_stopping="k_finished"),
     ),
+    "alpha 1": (["--alpha", "1"], dict(alpha=1.0)),
+    "alpha 1, average": (["--alpha", "1", "--length-penalty", "average"], dict(alpha=1.0, length_penalty="average")),
     "bfloat16": (["--precision", "bfloat16"], dict(dtype="bfloat16")),
     "checkpoint": (["--checkpoint", "{checkpoint}"], dict(checkpoint="{checkpoint}")),
 }
@@ -42,30 +41,20 @@ FLAGS = {
     "--beam": ("default", "beam 1"),
     "--alpha": ("default", "alpha 2"),
     "--early-stopping": ("alpha 2", "alpha 2, k_finished"),
+    "--length-penalty": ("alpha 1", "alpha 1, average"),
     "--precision": ("default", "bfloat16"),
     "--checkpoint": ("default", "checkpoint"),
 }
 
 
-def _end_token_model(model, end_norm, rng):
-    """Shrinks the shared embedding of `model` and gives the end token a random row of norm `end_norm`."""
-    embeddings = model.output_projection.embeddings
-    weights = embeddings.numpy() * 0.05
-    direction = rng.normal(size=weights.shape[1])
-    weights[EOS_ID] = end_norm * direction / np.linalg.norm(direction)
-    embeddings.assign(weights)
-
-
 @pytest.fixture(scope="module")
-def run_dir(tiny_run_dir, tmp_path_factory):
-    """The tiny run with the end-token model as model.keras, and a checkpoint whose end row is half as long."""
+def run_dir(end_token_run_dir, tmp_path_factory):
+    """The end-token run of conftest.py, and a checkpoint whose end row is half as long."""
     from keras_transformer.run_dir import load_run
 
     path = tmp_path_factory.mktemp("decoding_flags") / "run"
-    shutil.copytree(tiny_run_dir, path)
+    shutil.copytree(end_token_run_dir, path)
     model, _ = load_run(str(path))
-    _end_token_model(model, 6.0, np.random.default_rng(0))
-    model.save(path / "model.keras")
     weights = model.output_projection.embeddings.numpy()
     weights[EOS_ID] *= 0.5
     model.output_projection.embeddings.assign(weights)

@@ -50,6 +50,7 @@ _DECODING_FLAGS = {
     "max_extra_length": "--max-extra-length",
     "early_stopping": "--early-stopping",
     "no_repeat_ngram_size": "--no-repeat-ngram-size",
+    "length_penalty": "--length-penalty",
 }
 _MODEL_FLAGS = {
     **_DECODING_FLAGS,

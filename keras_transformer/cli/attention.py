@@ -18,7 +18,7 @@ def register(subparsers):
     parser.add_argument("sentence", help="the source sentence")
     parser.add_argument("--model", required=True, help="training run directory (required)")
     parser.add_argument("--layer", type=int, default=-1, help="layer index (default -1: the last)")
-    add_search_options(parser, early_stopping=False, ngram_blocking=False)
+    add_search_options(parser, early_stopping=False, ngram_blocking=False, length_penalty=False)
     parser.add_argument("--output", help="PNG path (default: attention_layerN.png in the run directory)")
     parser.set_defaults(func=run)
 

@@ -12,17 +12,19 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
+    DEFAULT_LENGTH_PENALTY,
     DEFAULT_TRANSLATE_BATCH_SIZE,
     DEFAULT_TRANSLATE_WORKERS,
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
+    LENGTH_PENALTIES,
 )
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.precision import DECODING_PRECISION_CHOICES
 
 
-def add_search_options(parser, early_stopping=True, keep_recorded=False, ngram_blocking=True):
-    """--beam, --alpha, --max-extra-length (and --early-stopping, --no-repeat-ngram-size).
+def add_search_options(parser, early_stopping=True, keep_recorded=False, ngram_blocking=True, length_penalty=True):
+    """--beam, --alpha, --max-extra-length (and --early-stopping, --no-repeat-ngram-size, --length-penalty).
 
     `keep_recorded`: the flags default to None, which the command resolves
     (export: an exported version's own options, §6.1's for a run).
@@ -57,6 +59,15 @@ def add_search_options(parser, early_stopping=True, keep_recorded=False, ngram_b
             default=default(DEFAULT_EARLY_STOPPING),
             help=f"exact: stop when no alive hypothesis can win (default{recorded}); "
             "k_finished: stop once beam-size hypotheses ended (faster)",
+        )
+    if length_penalty:
+        parser.add_argument(
+            "--length-penalty",
+            choices=LENGTH_PENALTIES,
+            default=default(DEFAULT_LENGTH_PENALTY),
+            help=f"gnmt: log P / ((5 + length) / 6) ** alpha (default, §6.1{recorded}); average: log P / "
+            "length ** alpha, as fairseq's --lenpen and CTranslate2's length_penalty (e.g. --length-penalty "
+            "average --alpha 1.0 for a fairseq recipe)",
         )
     if ngram_blocking:
         parser.add_argument(
@@ -150,6 +161,7 @@ def translator_from_args(args):
             sampling=sampling,
             no_repeat_ngram_size=args.no_repeat_ngram_size,
             alignment_layer=alignment_layer,
+            length_penalty=args.length_penalty,
         )
 
 

@@ -159,6 +159,7 @@ def run(args):
         max_input_bytes=args.max_input_bytes,
         early_stopping=args.early_stopping,
         no_repeat_ngram_size=args.no_repeat_ngram_size,
+        length_penalty=args.length_penalty,
         alignment_layer=args.alignment_layer,
         dtype=precision,
         n_best=args.n_best,
@@ -216,9 +217,8 @@ def _export_litert(sources, ensemble, args, options):
         if given:
             raise CommandError(f"{flag}: not for --format litert (one float32 file, beam search, no versions).")
     names = ("beam_size", "alpha", "max_extra_length", "max_input_length", "max_input_bytes", "early_stopping")
-    decoding = DecodingOptions(
-        **{name: options[name] for name in names}, no_repeat_ngram_size=options["no_repeat_ngram_size"]
-    )
+    names += ("no_repeat_ngram_size", "length_penalty")
+    decoding = DecodingOptions(**{name: options[name] for name in names})
     try:
         with native_logs_silenced():
             path = export_litert(

@@ -174,6 +174,7 @@ def ensemble_translator_from_args(args, sampling=None, alignment_layer=None):
             early_stopping=args.early_stopping,
             sampling=sampling,
             no_repeat_ngram_size=args.no_repeat_ngram_size,
+            length_penalty=args.length_penalty,
             **({} if alignment_layer is None else {"alignment_layer": alignment_layer}),
         )
 

@@ -20,6 +20,11 @@ EXTRA_OUTPUT_LENGTH = 50
 # divided by |Y| ** alpha, fairseq's `--lenpen`, CTranslate2's `length_penalty` and Marian's `--normalize`.
 LENGTH_PENALTIES = ("gnmt", "average")
 DEFAULT_LENGTH_PENALTY = LENGTH_PENALTIES[0]
+# Each one's score, as an export's `export.json` states it.
+SCORE_FORMULAS = {
+    "gnmt": "log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| counting the end token",
+    "average": "log P(Y|X) / |Y| ** alpha, |Y| counting the end token",
+}
 
 # When a sentence's beam search ends (see `beam_search`); the first is the default.
 EARLY_STOPPING = ("exact", "k_finished")

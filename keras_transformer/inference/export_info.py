@@ -9,6 +9,7 @@ import time
 
 import tensorflow as tf
 
+from keras_transformer.decoding.defaults import DEFAULT_LENGTH_PENALTY, SCORE_FORMULAS
 from keras_transformer.inference.signatures import (
     ALIGNMENT_OUTPUT_NAME,
     ALIGNMENT_SIGNATURE_NAME,
@@ -58,7 +59,7 @@ def export_info(translator, version, n_best, precision_choice):
             "max_input_bytes": translator.max_input_bytes,
             "early_stopping": translator.early_stopping,
             "max_batch_size": translator.max_batch_size,
-            "score": "log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| counting the end token",
+            "score": SCORE_FORMULAS[translator.length_penalty],
         },
         "precision": translator.model.dtype_policy.name,
         # Why: "auto: the CPU has avx512_bf16", or None when chosen by the caller.
@@ -73,6 +74,8 @@ def export_info(translator, version, n_best, precision_choice):
         info["decoding"]["sampling"] = translator.sampling
     if translator.no_repeat_ngram_size:  # recorded when on: an export without it decodes as before it existed
         info["decoding"]["no_repeat_ngram_size"] = translator.no_repeat_ngram_size
+    if translator.length_penalty != DEFAULT_LENGTH_PENALTY:  # recorded when not GNMT's, as the two above
+        info["decoding"]["length_penalty"] = translator.length_penalty
     if translator.alignment_layer != -1:  # recorded when not the last layer, as no_repeat_ngram_size when on
         info["decoding"]["alignment_layer"] = translator.alignment_layer
     if n_best:

@@ -26,6 +26,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
+    DEFAULT_LENGTH_PENALTY,
     EXTRA_OUTPUT_LENGTH,
 )
 from keras_transformer.errors import ParameterError
@@ -38,11 +39,12 @@ class DecodingOptions:
     """The decoding options an export fixes in its graph; None: the source's own.
 
     A run directory's own are §6.1's (beam 4, alpha 0.6, 50 extra tokens,
-    "exact" early stopping, the model's `max_length`, no n-gram blocking,
-    alignments from the last decoder layer), an export's are those its
-    `export.json` records, a `Translator`'s its attributes.
+    "exact" early stopping, GNMT's length penalty, the model's `max_length`,
+    no n-gram blocking, alignments from the last decoder layer), an export's
+    are those its `export.json` records, a `Translator`'s its attributes.
     `no_repeat_ngram_size` is recorded only when it is on (> 0),
-    `alignment_layer` only when it is not the last layer (-1).
+    `alignment_layer` only when it is not the last layer (-1),
+    `length_penalty` only when it is not "gnmt".
 
     Example:
         >>> DecodingOptions(beam_size=1).given()
@@ -57,6 +59,7 @@ class DecodingOptions:
     no_repeat_ngram_size: int | None = None
     max_input_bytes: int | None = None
     alignment_layer: int | None = None
+    length_penalty: str | None = None
 
     def given(self):
         """The options given, as a dict (those that are not None)."""
@@ -75,6 +78,7 @@ RUN_DECODING_DEFAULTS = dict(
     no_repeat_ngram_size=0,
     max_input_bytes=None,
     alignment_layer=-1,
+    length_penalty=DEFAULT_LENGTH_PENALTY,
 )
 
 

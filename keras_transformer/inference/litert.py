@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 
+from keras_transformer.decoding.defaults import SCORE_FORMULAS
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.signatures import INPUT_NAME, OUTPUT_NAMES, SIGNATURE_NAME
 
@@ -195,7 +196,7 @@ def _translate_graph(translator, tables, inputs):
     if translator.beam_size == 1:
         token_ids, scores = decoding.greedy_search(translator.model, source_ids, **options)
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
-        scores = scores / decoding.length_penalty(lengths, translator.alpha)
+        scores = scores / decoding.length_penalty(lengths, translator.alpha, translator.length_penalty)
     else:
         token_ids, scores = decoding.beam_search(
             translator.model,
@@ -203,6 +204,7 @@ def _translate_graph(translator, tables, inputs):
             beam_size=translator.beam_size,
             alpha=translator.alpha,
             early_stopping=translator.early_stopping,
+            length_penalty=translator.length_penalty,
             **options,
         )
     # A blank sentence decodes no token: "" (LiteRT has no select over strings).
@@ -279,7 +281,8 @@ def _export_info(translator, flatbuffer, quantize):
                 for name in ("no_repeat_ngram_size", "max_input_bytes")
                 if getattr(translator, name, None)
             },
-            "score": "log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| counting the end token",
+            **({"length_penalty": translator.length_penalty} if translator.length_penalty != "gnmt" else {}),
+            "score": SCORE_FORMULAS[translator.length_penalty],
         },
         "precision": "float32",
         "quantization": "int8 dynamic range (int8 weights, float32 activations)" if quantize else None,

@@ -12,6 +12,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
+    DEFAULT_LENGTH_PENALTY,
     EXTRA_OUTPUT_LENGTH,
 )
 from keras_transformer.errors import ParameterError
@@ -33,12 +34,13 @@ def load_translator(
     sampling=None,
     no_repeat_ngram_size=0,
     alignment_layer=None,
+    length_penalty=DEFAULT_LENGTH_PENALTY,
 ):
     """A translator for a run directory, an exported SavedModel or a LiteRT file (options fixed at export).
 
     `sampling`: `dict(top_k=..., temperature=..., seed=...)` to sample instead of searching (run directories).
-    `no_repeat_ngram_size`: see `Translator`. `alignment_layer`: see `Translator` (None: the last layer, or the
-    one a SavedModel was exported with).
+    `no_repeat_ngram_size`, `length_penalty`: see `Translator`. `alignment_layer`: see `Translator` (None: the
+    last layer, or the one a SavedModel was exported with).
 
     Raises:
         ParameterError: ("alignment_layer") a layer the model has not, one other than a SavedModel's, or any for
@@ -46,6 +48,7 @@ def load_translator(
     """
     given = (beam_size, alpha, max_extra_length, early_stopping, precision, checkpoint, no_repeat_ngram_size)
     given = given != (DEFAULT_BEAM_SIZE, DEFAULT_ALPHA, EXTRA_OUTPUT_LENGTH, DEFAULT_EARLY_STOPPING, None, None, 0)
+    given = given or length_penalty != DEFAULT_LENGTH_PENALTY
     if litert.is_litert_file(path):
         if alignment_layer is not None:
             raise ParameterError(
@@ -81,4 +84,5 @@ def load_translator(
         sampling=sampling,
         no_repeat_ngram_size=no_repeat_ngram_size,
         alignment_layer=-1 if alignment_layer is None else alignment_layer,
+        length_penalty=length_penalty,
     )

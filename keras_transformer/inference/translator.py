@@ -35,9 +35,11 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
+    DEFAULT_LENGTH_PENALTY,
     DEFAULT_TRANSLATE_BATCH_SIZE,
     DEFAULT_TRANSLATE_WORKERS,
     EXTRA_OUTPUT_LENGTH,
+    LENGTH_PENALTIES,
 )
 from keras_transformer.decoding.prefixes import prefix_lengths
 from keras_transformer.decoding.tokens import output_limits
@@ -80,6 +82,8 @@ class Translator(tf.Module):
         jit_compile: compile the search with XLA.
         early_stopping: "exact" (default) or "k_finished", see
             `keras_transformer.decoding.beam_search`.
+        length_penalty: "gnmt" (default: divide log P by ((5 + |Y|) / 6) ** alpha, §6.1)
+            or "average" (by |Y| ** alpha, as fairseq and CTranslate2 do).
         sampling: `dict(top_k=..., temperature=..., seed=...)` to sample
             (`decoding.sampling_search`) instead of searching.
         max_batch_size: the most sentences one `translate_strings` call (one
@@ -134,6 +138,7 @@ class Translator(tf.Module):
         max_input_length=None,
         jit_compile=False,
         early_stopping=DEFAULT_EARLY_STOPPING,
+        length_penalty=DEFAULT_LENGTH_PENALTY,
         sampling=None,
         max_batch_size=MAX_BATCH_SIZE,
         no_repeat_ngram_size=0,
@@ -149,6 +154,11 @@ class Translator(tf.Module):
         self.alpha = float(alpha)
         self.max_extra_length = int(max_extra_length)
         self.early_stopping = early_stopping
+        if length_penalty not in LENGTH_PENALTIES:
+            raise ParameterError(
+                "length_penalty", f"must be one of {', '.join(LENGTH_PENALTIES)}, got {length_penalty!r}."
+            )
+        self.length_penalty = length_penalty
         self.no_repeat_ngram_size = no_repeat_ngram_size
         alignment_layer_index(model, alignment_layer)  # refused now, not at the first alignment
         self.alignment_layer = alignment_layer
@@ -173,7 +183,9 @@ class Translator(tf.Module):
             method = "greedy"
         else:
             method = "beam"
-            options.update(beam_size=self.beam_size, alpha=self.alpha, early_stopping=early_stopping)
+            options.update(
+                beam_size=self.beam_size, alpha=self.alpha, early_stopping=early_stopping, length_penalty=length_penalty
+            )
         self.search = decoding.make_decode_fn(model, method, jit_compile=jit_compile, **options)
         self.search_with_prefix = decoding.make_decode_fn(
             model, method, jit_compile=jit_compile, with_target_prefix=True, **options
@@ -269,7 +281,7 @@ class Translator(tf.Module):
             if self.beam_size == 1 or self.sampling:
                 # Greedy search and sampling give log P; every score is log P / lp(|Y|), as beam search's.
                 lengths = tf.reduce_sum(tf.cast(tf.not_equal(token_ids, PAD_ID), tf.int32), axis=-1)
-                scores = scores / decoding.length_penalty(lengths, self.alpha)
+                scores = scores / decoding.length_penalty(lengths, self.alpha, self.length_penalty)
             outputs = (self.tokenizer.detokenize(token_ids), scores)
             return (*outputs, self._alignments(source_ids, token_ids)) if alignments else outputs
 
@@ -335,6 +347,7 @@ class Translator(tf.Module):
                 beam_size=self.beam_size,
                 alpha=self.alpha,
                 early_stopping=self.early_stopping,
+                length_penalty=self.length_penalty,
                 max_extra_length=self.max_extra_length,
                 no_repeat_ngram_size=self.no_repeat_ngram_size,
                 return_all=True,
