@@ -70,5 +70,15 @@ def test_a_short_run_trains_resumes_scores_and_exports(tmp_path, monkeypatch):
         open(os.path.join(report["export_path"], "assets", "export.json"), encoding="utf-8").read()
     )
     assert "lower-cased" in json.dumps(export_info)
+    assert export_info["decoding"]["length_penalty"] == "average"  # fairseq's --lenpen, as published
+    # Scored again with another search: the report keeps what the first one gave.
+    monkeypatch.setattr(recipe, "LENGTH_PENALTY", "gnmt")
+    again = recipe.run(3, output, export=False, limit=200)
+    assert again["length_penalty"] == "gnmt" and again["step"] == 6
+    assert again["earlier_searches"] == [
+        dict(beam=5, alpha=1.0, length_penalty="average", val=report["val"]["tok_bleu"],
+             test2016=report["test2016"]["tok_bleu"])
+    ]  # fmt: skip
     summary = recipe.summarize([output, output], str(tmp_path / "summary.json"), str(tmp_path / "curves.png"))
     assert summary["test2016"]["sd"] == 0.0 and os.path.getsize(tmp_path / "curves.png") > 0
+    assert summary["earlier_searches"][0]["runs"] == 2 and summary["earlier_searches"][0]["length_penalty"] == "average"
