@@ -14,8 +14,8 @@ Each detail as published (with its source), then what this script does:
 - Data: Multi30k task 1, lower-cased, `normalize-punctuation.perl`, `tokenizer.perl` (the repository's
   `data/multi30k-en-de/*`). Here: the raw Multi30k files through the same pipeline in sacremoses
   (`moses_tokenize_lowercase`, which reproduces the official `test_2016_flickr.lc.norm.tok.de` line for line).
-- Vocabulary: joint subword-nmt BPE of 10,000 merges (`data/multi30k-en-de/code`), `--joined-dictionary`: 9,709
-  types + 4 specials. Here: joint SentencePiece BPE of 9,713 pieces, the same count (SentencePiece, not
+- Vocabulary: joint subword-nmt BPE of 10,000 merges (`data/multi30k-en-de/code`), `--joined-dictionary`: 9,708
+  types + 4 specials. Here: joint SentencePiece BPE of 9,713 pieces, one more (SentencePiece, not
   subword-nmt, so the segmentation differs in detail).
 - Model: `--arch transformer_tiny` (`fairseq/models/transformer.py`): 4+4 layers, d_model 128, d_ff 256, 4 heads,
   post-LN, sinusoidal positions, `--share-all-embeddings`. Here: `--preset mini`, the same shape and choices.
