@@ -82,3 +82,9 @@ def test_a_short_run_trains_resumes_scores_and_exports(tmp_path, monkeypatch):
     summary = recipe.summarize([output, output], str(tmp_path / "summary.json"), str(tmp_path / "curves.png"))
     assert summary["test2016"]["sd"] == 0.0 and os.path.getsize(tmp_path / "curves.png") > 0
     assert summary["earlier_searches"][0]["runs"] == 2 and summary["earlier_searches"][0]["length_penalty"] == "average"
+
+
+def test_an_experiment_is_named_in_the_command_it_records(monkeypatch):
+    assert recipe._experiment_flags() == ""  # the published recipe
+    monkeypatch.setitem(recipe.RECIPE, "batch_tokens", 9216)
+    assert recipe._experiment_flags() == " --batch-tokens 9216"
