@@ -46,13 +46,15 @@ setup(
         "tensorboard~=2.21.0",
     ],
     extras_require={
-        # CTranslate2 (42 MB) runs the export_ctranslate2 tests; keras-hub and torch stay in "bench".
+        # CTranslate2 (42 MB) runs the export_ctranslate2 tests, ai-edge-litert the LiteRT files outside TensorFlow;
+        # keras-hub and torch stay in "bench".
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",
             "ruff==0.17.6",
             "tensorflow-serving-api~=2.21.0",
             "ctranslate2==4.8.5",
+            "ai-edge-litert==2.3.0",
         ],
         "bench": ["keras-hub==0.32.0", "ctranslate2==4.8.5", "torch==2.13.0"],
     },

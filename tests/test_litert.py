@@ -226,6 +226,20 @@ def test_file_translates_as_the_translator(translator, litert_path):
     assert litert.source_pieces(AWKWARD).tolist() == translator.source_pieces(AWKWARD).tolist()
 
 
+@pytest.mark.parametrize("reference_kernels", [False, True])
+def test_ai_edge_litert_runs_the_file_as_tensorflows_interpreter(translator, litert_path, reference_kernels):
+    """The `ai-edge-litert` package's interpreter (LiteRT outside TensorFlow), with XNNPACK and with the
+    reference kernels, gives the translator's answers."""
+    import tensorflow as tf
+
+    pytest.importorskip("ai_edge_litert")
+    from keras_transformer.inference.litert import LiteRTTranslator
+
+    inputs = [s.encode("utf-8") for s in AWKWARD] + INVALID_UTF8
+    litert = LiteRTTranslator(litert_path, runtime="ai_edge_litert", reference_kernels=reference_kernels)
+    _assert_same_answers(translator.translate_strings(tf.constant(inputs)), litert.translate_strings(inputs))
+
+
 def test_translate_batches_in_threads_as_translate_strings(litert_path):
     from keras_transformer.inference.litert import LiteRTTranslator
 

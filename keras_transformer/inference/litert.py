@@ -416,7 +416,7 @@ def make_interpreter(path, num_threads=None, reference_kernels=False, runtime="t
         from ai_edge_litert import interpreter as litert
 
         resolver = litert.OpResolverType.BUILTIN_REF if reference_kernels else litert.OpResolverType.AUTO
-        return litert.Interpreter(
+        return litert.InterpreterWithCustomOps(
             model_path=path,
             custom_op_registerers=registerers,
             experimental_op_resolver_type=resolver,
