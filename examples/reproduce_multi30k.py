@@ -136,13 +136,13 @@ def epoch_length(args):
     return TrainingData(args, tokenizer, text, replicas, max_length).batches_per_epoch()
 
 
-def training_args(seed, output, limit=None):
-    """The recipe as `TrainingArgs`, checkpointing once per epoch."""
+def training_args(seed, output, limit=None, recipe=None):
+    """A recipe (default: the published one) as `TrainingArgs`, checkpointing once per epoch."""
     import dataclasses
 
     from keras_transformer.training import TrainingArgs
 
-    recipe = dict(RECIPE)
+    recipe = dict(recipe or RECIPE)
     overrides = {key: recipe.pop(key) for key in ("label_smoothing", "dropout", "attention_dropout")}
     args = TrainingArgs(output=output, data=prepare_data(output, limit), seed=seed, overrides=overrides, **recipe)
     config_path = os.path.join(output, "config.json")
@@ -208,14 +208,19 @@ def versions():
     return {name: metadata.version(name) for name in ("keras-transformer", "tensorflow", "keras", "sacrebleu")}
 
 
-def run(seed, output, export=True, limit=None):
-    """Trains (or resumes) one seed of the recipe, scores val and test2016, exports; returns the report."""
+def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], command=None):
+    """Trains (or resumes) one seed of a recipe (default: the published one), scores `splits`, exports.
+
+    Returns the report, also written to `OUTPUT/reproduction.json`. `command` is the one recorded (default: this
+    script's); `recipe` is a dict like `RECIPE`.
+    """
     from keras_transformer import training
     from keras_transformer.inference.saved_model import export_saved_model
     from keras_transformer.inference.translator import Translator
     from keras_transformer.training.curves import plot_curves
 
-    args = training_args(seed, output, limit)
+    recipe = recipe or RECIPE
+    args = training_args(seed, output, limit, recipe)
     started = time.perf_counter()
     result = training.train(args)
     if result.stopped_on_nan:
@@ -229,14 +234,14 @@ def run(seed, output, export=True, limit=None):
         train_seconds=_trained_seconds(output),
         val_metrics=result.val_metrics,
         fairseq_patience_stop_epoch=patience_stop(result.history),
-        val=translate_and_score(translator, output, "val", limit),
-        test2016=translate_and_score(translator, output, "test2016", limit),
+        **{split: translate_and_score(translator, output, split, limit) for split in splits},
         beam=BEAM,
         alpha=ALPHA,
         length_penalty=LENGTH_PENALTY,
-        recipe=RECIPE,
+        recipe=recipe,
         training=args.to_dict(),
-        command=f"python examples/reproduce_multi30k.py --seed {seed} --output {output}" + _experiment_flags(),
+        command=command
+        or f"python examples/reproduce_multi30k.py --seed {seed} --output {output}" + _experiment_flags(),
         machine=machine(),
         versions=versions(),
         date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -244,7 +249,7 @@ def run(seed, output, export=True, limit=None):
     plot_curves(output)
     if export:
         metadata = {key: report[key] for key in ("command", "seed", "step", "epochs", "machine", "date", "recipe")}
-        metadata.update(val=report["val"], test2016=report["test2016"], input="lower-cased Moses-tokenized English")
+        metadata.update({split: report[split] for split in splits}, input="lower-cased Moses-tokenized English")
         path = export_saved_model(output, os.path.join(output, "export"), beam_size=BEAM, alpha=ALPHA,
                                   length_penalty=LENGTH_PENALTY, version=1,
                                   overwrite=True, metadata=metadata, dtype="float32")  # fmt: skip
@@ -253,8 +258,8 @@ def run(seed, output, export=True, limit=None):
     report["earlier_searches"] = earlier_searches(output, report)
     with open(os.path.join(output, "reproduction.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2, ensure_ascii=False)
-    print(f"seed {seed}: val {report['val']['tok_bleu']:.2f}, test2016 {report['test2016']['tok_bleu']:.2f} "
-          f"(lower-cased tokenized BLEU; published test2016 {PUBLISHED['test2016']})")  # fmt: skip
+    scores = ", ".join(f"{split} {report[split]['tok_bleu']:.2f}" for split in splits)
+    print(f"seed {seed}: {scores} (lower-cased tokenized BLEU; published test2016 {PUBLISHED['test2016']})")
     return report
 
 
@@ -269,7 +274,9 @@ def earlier_searches(output, report):
     searches = previous.get("earlier_searches", [])
     search = dict(beam=previous["beam"], alpha=previous["alpha"], length_penalty=previous.get("length_penalty", "gnmt"))
     if search != {key: report[key] for key in search}:
-        searches.append(dict(search, val=previous["val"]["tok_bleu"], test2016=previous["test2016"]["tok_bleu"]))
+        searches.append(
+            dict(search, **{split: previous[split]["tok_bleu"] for split in SPLITS[1:] if split in previous})
+        )
     return searches
 
 
@@ -291,15 +298,18 @@ def _trained_seconds(output):
     return round(total + previous, 1)
 
 
-def summarize(run_dirs, json_path=None, plot_path=None):
-    """Mean and sample standard deviation over the runs' `reproduction.json`, the curves of all seeds in one PNG."""
+def summarize(run_dirs, json_path=None, plot_path=None, script="examples/reproduce_multi30k.py"):
+    """Mean and sample standard deviation over the runs' `reproduction.json`, the curves of all seeds in one PNG.
+
+    `script` is the one named in the recorded command (this one, or `examples/long_multi30k.py`).
+    """
     import statistics
 
     reports = []
     for run_dir in run_dirs:
         with open(os.path.join(run_dir, "reproduction.json"), encoding="utf-8") as f:
             reports.append(json.load(f))
-    command = "python examples/reproduce_multi30k.py --summarize " + " ".join(run_dirs)
+    command = f"python {script} --summarize " + " ".join(run_dirs)
     command += (f" --json {json_path}" if json_path else "") + (f" --plot {plot_path}" if plot_path else "")
     summary = dict(command=command, versions=versions(), machine=machine(), date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     summary.update(published=PUBLISHED, runs=reports)

@@ -1,0 +1,52 @@
+"""examples/long_multi30k.py: trials scored on validation only, and the table rewritten from their runs."""
+
+import dataclasses
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+
+import long_multi30k as long  # noqa: E402
+import reproduce_multi30k as published  # noqa: E402
+
+
+def test_every_trial_changes_only_training_options_and_says_why():
+    from keras_transformer.training import TrainingArgs
+
+    options = set(published.RECIPE) | {field.name for field in dataclasses.fields(TrainingArgs)}
+    for name, (changes, why) in long.TRIALS.items():
+        assert set(changes) <= options, name
+        assert why, name
+    assert long.trial_recipe("bpe_dropout_12k")["subword_sampling"] == 0.1
+    assert long.CHOSEN is None or long.CHOSEN in long.TRIALS
+    with pytest.raises(SystemExit, match="unknown trial 'nope'"):
+        long.trial_recipe("nope")
+
+
+def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, monkeypatch, capsys):
+    tiny = dict(
+        preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=4, precision="float32"
+    )
+    for key, value in tiny.items():
+        monkeypatch.setitem(published.RECIPE, key, value)
+    monkeypatch.setitem(long.TRIALS, "sampled", (dict(subword_sampling=0.1), "a test"))
+    output = str(tmp_path / "runs" / "sampled_seed3")
+    report = long.run_trial("sampled", 3, output, limit=200)
+    assert report["step"] == 4 and "val" in report and "test2016" not in report
+    assert not os.path.exists(os.path.join(output, "test2016.hyp.de"))  # test2016 is never decoded for a trial
+    assert "--trial sampled --seed 3" in report["command"]
+    rows = long.table(str(tmp_path / "runs"), str(tmp_path / "trials.json"))
+    assert [(row["trial"], row["seed"], row["changes"]) for row in rows] == [("sampled", 3, {"subword_sampling": 0.1})]
+    assert rows[0]["val_tok_bleu"] == report["val"]["tok_bleu"] and rows[0]["updates"] == 4
+    written = json.loads((tmp_path / "trials.json").read_text(encoding="utf-8"))
+    assert written["rows"] == rows and "--table" in written["command"]
+    assert "| sampled | 3 | subword_sampling=0.1 | 4 |" in capsys.readouterr().out
+
+
+def test_the_chosen_recipe_refuses_to_run_before_a_choice(monkeypatch, tmp_path):
+    monkeypatch.setattr(long, "CHOSEN", None)
+    with pytest.raises(SystemExit, match="no recipe chosen"):
+        long.run_chosen(0, str(tmp_path / "seed0"))
