@@ -25,6 +25,8 @@ from keras_transformer.inference.signatures import (
     SIGNATURE_NAME,
 )
 
+_EXPORT_AGAIN = " (export it again with this version of keras-transformer)"
+
 
 class SavedModelTranslator:
     """The same `translate` interface over an exported SavedModel (`serving_default`).
@@ -72,18 +74,21 @@ class SavedModelTranslator:
             self._tokenizer = Tokenizer(os.path.join(self.path, "assets", TOKENIZER_FILENAME))
         return count_source_pieces(self._tokenizer, sentences)
 
+    def _signature(self, name, parameter, hint=""):
+        """The export's signature `name`; a `ParameterError` on `parameter` when the export has none."""
+        signature = self._loaded.signatures.get(name)
+        if signature is None:
+            raise ParameterError(
+                parameter, f"cannot be given: {self.path} was exported without a {name} signature{hint}."
+            )
+        return signature
+
     def translate_strings(self, inputs):
         return self._serve(inputs=tf.convert_to_tensor(inputs, tf.string))
 
     def translate_with_prefix(self, inputs, target_prefixes):
         """The export's "translate_with_prefix" signature (`Translator.translate_with_prefix`)."""
-        signature = self._loaded.signatures.get(PREFIX_SIGNATURE_NAME)
-        if signature is None:
-            raise ParameterError(
-                "target_prefixes",
-                f"cannot be given: {self.path} was exported without a {PREFIX_SIGNATURE_NAME} signature "
-                "(export it again with this version of keras-transformer).",
-            )
+        signature = self._signature(PREFIX_SIGNATURE_NAME, "target_prefixes", _EXPORT_AGAIN)
         return signature(
             **{
                 INPUT_NAME: tf.convert_to_tensor(inputs, tf.string),
@@ -99,11 +104,7 @@ class SavedModelTranslator:
                 f"cannot be given with n_best: {self.path} has no signature for the n best translations with "
                 "prefixes (a run directory has).",
             )
-        signature = self._loaded.signatures.get(N_BEST_SIGNATURE_NAME)
-        if signature is None:
-            raise ParameterError(
-                "n_best", f"cannot be given: {self.path} was exported without a translate_n_best signature."
-            )
+        signature = self._signature(N_BEST_SIGNATURE_NAME, "n_best")
         exported = signature.structured_outputs["translations"].shape[1]
         if not 1 <= n_best <= exported:
             raise ParameterError(
@@ -124,13 +125,7 @@ class SavedModelTranslator:
                     f"cannot be given with alignments: {self.path} has no signature for the {what} with alignments "
                     "(a run directory has).",
                 )
-        signature = self._loaded.signatures.get(ALIGNMENT_SIGNATURE_NAME)
-        if signature is None:
-            raise ParameterError(
-                "alignments",
-                f"cannot be given: {self.path} was exported without a {ALIGNMENT_SIGNATURE_NAME} signature "
-                "(export it again with this version of keras-transformer).",
-            )
+        signature = self._signature(ALIGNMENT_SIGNATURE_NAME, "alignments", _EXPORT_AGAIN)
         return signature(**{INPUT_NAME: tf.convert_to_tensor(inputs, tf.string)})
 
     def translate(
