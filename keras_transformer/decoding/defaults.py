@@ -8,6 +8,8 @@ The translator, the SavedModel export, the command line and the benchmarks
 take their defaults from here.
 """
 
+from keras_transformer.errors import ParameterError
+
 # §6.1: beam size and length penalty.
 DEFAULT_BEAM_SIZE = 4
 DEFAULT_ALPHA = 0.6
@@ -25,6 +27,19 @@ SCORE_FORMULAS = {
     "gnmt": "log P(Y|X) / ((5 + |Y|) / 6) ** alpha, |Y| counting the end token",
     "average": "log P(Y|X) / |Y| ** alpha, |Y| counting the end token",
 }
+
+
+def check_length_penalty(length_penalty):
+    """Returns `length_penalty` if it is one of `LENGTH_PENALTIES`, else raises a `ParameterError` naming them.
+
+    Example:
+        >>> check_length_penalty("average")
+        'average'
+    """
+    if length_penalty not in LENGTH_PENALTIES:
+        raise ParameterError("length_penalty", f"must be one of {', '.join(LENGTH_PENALTIES)}, got {length_penalty!r}.")
+    return length_penalty
+
 
 # When a sentence's beam search ends (see `beam_search`); the first is the default.
 EARLY_STOPPING = ("exact", "k_finished")

@@ -8,7 +8,7 @@ the next position.
 
 import tensorflow as tf
 
-from keras_transformer.decoding.defaults import DEFAULT_LENGTH_PENALTY, LENGTH_PENALTIES, NEG_INF
+from keras_transformer.decoding.defaults import DEFAULT_LENGTH_PENALTY, NEG_INF, check_length_penalty
 from keras_transformer.decoding.encoding import encode_by_length
 from keras_transformer.decoding.prefixes import checked_prefix, prefix_token_at
 from keras_transformer.decoding.steps import make_step_fn
@@ -32,9 +32,7 @@ def length_penalty(length, alpha, kind=DEFAULT_LENGTH_PENALTY):
         float32, the shape of `length`.
     """
     length = tf.cast(length, tf.float32)
-    if kind not in LENGTH_PENALTIES:
-        raise ValueError(f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, got {kind!r}.")
-    base = (5.0 + length) / 6.0 if kind == "gnmt" else length
+    base = (5.0 + length) / 6.0 if check_length_penalty(kind) == "gnmt" else length
     return tf.pow(base, tf.cast(alpha, tf.float32))
 
 

@@ -17,8 +17,8 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_LENGTH_PENALTY,
     EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
-    LENGTH_PENALTIES,
     NEG_INF,
+    check_length_penalty,
 )
 from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
 from keras_transformer.decoding.prefixes import check_target_prefix
@@ -368,8 +368,7 @@ def _check_options(
         raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be None or an integer, got {seed!r}.")
-    if length_penalty not in LENGTH_PENALTIES:
-        raise ParameterError("length_penalty", f"must be one of {', '.join(LENGTH_PENALTIES)}, got {length_penalty!r}.")
+    check_length_penalty(length_penalty)
     if early_stopping not in EARLY_STOPPING:
         raise ValueError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:

@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from keras_transformer.decoding.defaults import SCORE_FORMULAS
+from keras_transformer.decoding.defaults import DEFAULT_LENGTH_PENALTY, SCORE_FORMULAS
 from keras_transformer.errors import ParameterError
 from keras_transformer.inference.signatures import INPUT_NAME, OUTPUT_NAMES, SIGNATURE_NAME
 
@@ -281,7 +281,11 @@ def _export_info(translator, flatbuffer, quantize):
                 for name in ("no_repeat_ngram_size", "max_input_bytes")
                 if getattr(translator, name, None)
             },
-            **({"length_penalty": translator.length_penalty} if translator.length_penalty != "gnmt" else {}),
+            **(
+                {"length_penalty": translator.length_penalty}
+                if translator.length_penalty != DEFAULT_LENGTH_PENALTY
+                else {}
+            ),
             "score": SCORE_FORMULAS[translator.length_penalty],
         },
         "precision": "float32",

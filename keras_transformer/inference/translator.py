@@ -39,7 +39,7 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_TRANSLATE_BATCH_SIZE,
     DEFAULT_TRANSLATE_WORKERS,
     EXTRA_OUTPUT_LENGTH,
-    LENGTH_PENALTIES,
+    check_length_penalty,
 )
 from keras_transformer.decoding.prefixes import prefix_lengths
 from keras_transformer.decoding.tokens import output_limits
@@ -154,11 +154,7 @@ class Translator(tf.Module):
         self.alpha = float(alpha)
         self.max_extra_length = int(max_extra_length)
         self.early_stopping = early_stopping
-        if length_penalty not in LENGTH_PENALTIES:
-            raise ParameterError(
-                "length_penalty", f"must be one of {', '.join(LENGTH_PENALTIES)}, got {length_penalty!r}."
-            )
-        self.length_penalty = length_penalty
+        self.length_penalty = check_length_penalty(length_penalty)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         alignment_layer_index(model, alignment_layer)  # refused now, not at the first alignment
         self.alignment_layer = alignment_layer
