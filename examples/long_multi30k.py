@@ -41,8 +41,19 @@ TRIALS = {
         "BPE-dropout 0.1 on both sides (Provilkov et al., 2020: +1 to +2 BLEU on small corpora) against the "
         "overfitting a 29k-pair corpus shows after ~70 epochs, and 50% more updates for the noisier data",
     ),
+    "small_drop0.3_7k": (
+        dict(preset="small", batch_tokens=4096, warmup_steps=400, lr_scale=0.8, max_steps=7000),
+        "the demo's model (`small`: 3+3 layers, d_model 256, d_ff 1024, 4 heads, 8.1M parameters) and schedule "
+        "(4,096 tokens, warmup 400, peak rate 2.5e-3), which reached the reproduction's validation BLEU in 15 "
+        "epochs; here ~50 epochs, with the published dropout 0.3 against overfitting",
+    ),
 }
 CHOSEN = None  # the trial the validation table picks; None until the trials are in
+# Trials stopped before their end, and why (the table shows their last validation loss).
+STOPPED = {
+    "bpe_dropout_12k": "validation loss flat at 4.2 from update 1,500 to 2,198, at the peak rate (the published "
+    "recipe: 2.98 at update 2,000); SentencePiece's BPE-dropout 0.1 made the training sequences 37% longer",
+}
 
 
 def trial_recipe(name):
@@ -55,6 +66,9 @@ def trial_recipe(name):
 def run_trial(name, seed, output, limit=None):
     """Trains (or resumes) one seed of one trial and scores the validation split only."""
     command = f"python examples/long_multi30k.py --trial {name} --seed {seed} --output {output}"
+    os.makedirs(output, exist_ok=True)
+    if not os.path.exists(os.path.join(output, "trial.json")):  # names the run even if it never finishes
+        _write(os.path.join(output, "trial.json"), dict(trial=name, seed=seed, command=command))
     report = published.run(
         seed, output, export=False, limit=limit, recipe=trial_recipe(name), splits=("val",), command=command
     )
@@ -75,44 +89,85 @@ def run_chosen(seed, output, limit=None):
 
 
 def trial_rows(root):
-    """One row per finished run under `root` (any depth) whose report names a trial, sorted by trial and seed."""
+    """One row per trial run under `root` (any depth), sorted by trial and seed.
+
+    A finished run gives its report; a run that has not finished (or was stopped, `STOPPED`) its last epoch's
+    validation loss from `history.csv`, with no BLEU.
+    """
     rows = []
     for directory, _, files in os.walk(root):
-        if "reproduction.json" not in files:
+        if "reproduction.json" in files:
+            row = _finished_row(_read(os.path.join(directory, "reproduction.json")))
+        elif "trial.json" in files:
+            row = _unfinished_row(directory, _read(os.path.join(directory, "trial.json")))
+        else:
             continue
-        with open(os.path.join(directory, "reproduction.json"), encoding="utf-8") as f:
-            report = json.load(f)
-        if "trial" not in report:
-            continue
-        changes = {key: value for key, value in report["recipe"].items() if published.RECIPE.get(key) != value}
-        rows.append(
-            dict(
-                trial=report["trial"],
-                seed=report["seed"],
-                changes=changes,
-                updates=report["step"],
-                epochs=report["epochs"],
-                val_tok_bleu=report["val"]["tok_bleu"],
-                val_details=report["val"]["tok_bleu_details"],
-                val_loss=round((report["val_metrics"] or {}).get("loss", float("nan")), 4),
-                train_hours=round((report["train_seconds"] or 0) / 3600, 2),
-                machine=report["machine"],
-                command=report["command"],
-                date=report["date"],
-            )
-        )
+        if row:
+            rows.append(row)
     return sorted(rows, key=lambda row: (row["trial"], row["seed"]))
+
+
+def _changes(recipe):
+    return {key: value for key, value in recipe.items() if published.RECIPE.get(key) != value}
+
+
+def _finished_row(report):
+    if "trial" not in report:
+        return None
+    return dict(
+        trial=report["trial"],
+        seed=report["seed"],
+        status="finished",
+        changes=_changes(report["recipe"]),
+        updates=report["step"],
+        epochs=report["epochs"],
+        val_tok_bleu=report["val"]["tok_bleu"],
+        val_details=report["val"]["tok_bleu_details"],
+        val_loss=round((report["val_metrics"] or {}).get("loss", float("nan")), 4),
+        train_hours=round((report["train_seconds"] or 0) / 3600, 2),
+        machine=report["machine"],
+        command=report["command"],
+        date=report["date"],
+    )
+
+
+def _unfinished_row(directory, trial):
+    from keras_transformer.run_dir import read_csv
+
+    history = [row for row in read_csv(os.path.join(directory, "history.csv")) if row.get("val_loss")]
+    if not history:
+        return None
+    last = history[-1]
+    config = _read(os.path.join(directory, "config.json"))
+    return dict(
+        trial=trial["trial"],
+        seed=trial["seed"],
+        status="stopped: " + STOPPED[trial["trial"]] if trial["trial"] in STOPPED else "running",
+        changes=_changes(trial_recipe(trial["trial"])),
+        updates=int(float(last["step"])),
+        epochs=round(float(last["step"]) / config["data"]["steps_per_epoch"], 2),
+        val_tok_bleu=None,
+        val_loss=round(float(last["val_loss"]), 4),
+        train_hours=round(published._trained_seconds(directory) / 3600, 2),
+        command=trial["command"],
+    )
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def table(root, json_path=None):
     """Rewrites the trials table from the run directories under `root`; prints it as Markdown."""
     rows = trial_rows(root)
-    lines = ["| trial | seed | changes | updates | epochs | val BLEU | val loss | train h |", "|" + "---|" * 8]
+    lines = ["| trial | seed | changes | updates | epochs | val BLEU | val loss | train h | status |", "|" + "---|" * 9]
     for row in rows:
         changes = ", ".join(f"{key}={value}" for key, value in row["changes"].items()) or "none"
+        bleu = "" if row["val_tok_bleu"] is None else f"{row['val_tok_bleu']:.2f}"
         lines.append(
             f"| {row['trial']} | {row['seed']} | {changes} | {row['updates']} | {row['epochs']} | "
-            f"{row['val_tok_bleu']:.2f} | {row['val_loss']:.4f} | {row['train_hours']:.2f} |"
+            f"{bleu} | {row['val_loss']:.4f} | {row['train_hours']:.2f} | {row['status']} |"
         )
     print("\n".join(lines))
     if json_path:

@@ -44,6 +44,18 @@ def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, m
     written = json.loads((tmp_path / "trials.json").read_text(encoding="utf-8"))
     assert written["rows"] == rows and "--table" in written["command"]
     assert "| sampled | 3 | subword_sampling=0.1 | 4 |" in capsys.readouterr().out
+    # A run that has not finished (no report yet) is listed by its trial.json, with its last validation loss.
+    os.remove(os.path.join(output, "reproduction.json"))
+    (running,) = long.trial_rows(str(tmp_path / "runs"))
+    assert (running["trial"], running["status"], running["updates"], running["val_tok_bleu"]) == (
+        "sampled",
+        "running",
+        4,
+        None,
+    )
+    assert 0.0 < running["val_loss"] < 20.0
+    monkeypatch.setitem(long.STOPPED, "sampled", "a reason")
+    assert long.trial_rows(str(tmp_path / "runs"))[0]["status"] == "stopped: a reason"
 
 
 def test_the_chosen_recipe_refuses_to_run_before_a_choice(monkeypatch, tmp_path):
