@@ -43,7 +43,7 @@ TRIALS = {
     ),
     "small_drop0.3_7k": (
         dict(preset="small", batch_tokens=4096, warmup_steps=400, lr_scale=0.8, max_steps=7000),
-        "the demo's model (`small`: 3+3 layers, d_model 256, d_ff 1024, 4 heads, 8.1M parameters) and schedule "
+        "the demo's model (`small`: 3+3 layers, d_model 256, d_ff 1024, 4 heads, 8.0M parameters) and schedule "
         "(4,096 tokens, warmup 400, peak rate 2.5e-3), which reached the reproduction's validation BLEU in 15 "
         "epochs; here ~50 epochs, with the published dropout 0.3 against overfitting",
     ),
