@@ -18,6 +18,8 @@ collect_ignore = ["distributed_worker.py"]
 
 TINY_RUN_VOCAB = 400
 TINY_RUN_MAX_LENGTH = 32
+# The smallest network the training tests train: one layer each side, d_model 32, no dropout (deterministic).
+TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 
 
 def new_run_dir(path, spm_model):

@@ -13,14 +13,12 @@ import shutil
 import keras
 import numpy as np
 import pytest
-from conftest import new_run_dir, read_csv
+from conftest import TINY_NET, new_run_dir, read_csv
 
 from keras_transformer import compat, training
 from keras_transformer.optimization import Cooldown, TransformerSchedule, create_optimizer
 from keras_transformer.run_dir import load_run
 from keras_transformer.training.callbacks import cooldown_factor
-
-TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 
 
 def test_factor_is_one_then_falls_linearly_to_zero_at_the_end():

@@ -10,6 +10,7 @@ import re
 import shutil
 
 import pytest
+from conftest import TINY_NET
 
 from keras_transformer import cli, training
 from keras_transformer.cli import train as train_cli
@@ -111,8 +112,6 @@ def test_train_help_documents_the_order(capsys):
 
 
 # A resumed run keeps its first options file; resumes.jsonl says what each resume changed.
-
-TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 
 
 def test_resume_keeps_config_json_and_appends_the_changes(tmp_path, spm500):

@@ -8,13 +8,12 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
-from conftest import new_run_dir
+from conftest import TINY_NET, new_run_dir
 
 from keras_transformer import cli, training
 from keras_transformer.cli import errors
 from keras_transformer.training import disk
 
-TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 OPTIONS = dict(
     preset="tiny",
     vocab_size=500,

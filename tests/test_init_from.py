@@ -6,12 +6,11 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from conftest import TINY_NET
 
 from keras_transformer import training
 from keras_transformer.data import corpora, load_dataset, make_batches
 from keras_transformer.run_dir import load_run
-
-TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 
 
 @pytest.fixture(scope="module")

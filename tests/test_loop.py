@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import new_run_dir, read_csv
+from conftest import TINY_NET, new_run_dir, read_csv
 
 from keras_transformer import hardware, training
 from keras_transformer import run_dir as run_layout
@@ -32,7 +32,6 @@ from keras_transformer.training import strategy as training_strategy
 from keras_transformer.training import stream as training_stream
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TINY_NET = {"dropout": 0.0, "num_layers": 1, "d_model": 32, "d_ff": 64}
 
 
 def cli_command():
