@@ -17,7 +17,8 @@ and average of the last 10, fairseq's search (beam 5, log P / length), the same 
 
 Run:
     python examples/long_multi30k.py --trial bpe_dropout_12k --seed 0       # one trial, ~1.5 h on 2 cores
-    python examples/long_multi30k.py --table runs/long --json benchmarks/results/<cpu>/long_recipe_trials.json
+    python examples/long_multi30k.py --table runs/long runs/reproduce \\
+        --json benchmarks/results/<cpu>/long_recipe_trials.json
     python examples/long_multi30k.py --seed 0 --output runs/long/seed0         # the chosen recipe
     python examples/long_multi30k.py --summarize runs/long/seed0 runs/long/seed1 runs/long/seed2 \\
         --json benchmarks/results/<cpu>/long_multi30k.json --plot benchmarks/results/<cpu>/long_multi30k.png
@@ -93,14 +94,16 @@ def run_chosen(seed, output, limit=None):
     return report
 
 
-def trial_rows(root):
-    """One row per trial run under `root` (any depth), sorted by trial and seed.
+def trial_rows(roots):
+    """One row per trial run under the directories `roots` (any depth), sorted by trial and seed.
 
     A finished run gives its report; a run that has not finished (or was stopped, `STOPPED`) its last epoch's
-    validation loss from `history.csv`, with no BLEU.
+    validation loss from `history.csv`, with no BLEU. A run of `reproduce_multi30k.py`'s published recipe is a
+    row of the "published" trial.
     """
     rows = []
-    for directory, _, files in os.walk(root):
+    walks = [(directory, files) for root in roots for directory, _, files in os.walk(root)]
+    for directory, files in walks:
         if "reproduction.json" in files:
             row = _finished_row(_read(os.path.join(directory, "reproduction.json")))
         elif "trial.json" in files:
@@ -117,10 +120,11 @@ def _changes(recipe):
 
 
 def _finished_row(report):
-    if "trial" not in report:
+    trial = report.get("trial") or ("published" if not _changes(report["recipe"]) else None)
+    if trial is None:
         return None
     return dict(
-        trial=report["trial"],
+        trial=trial,
         seed=report["seed"],
         status="finished",
         changes=_changes(report["recipe"]),
@@ -163,9 +167,9 @@ def _read(path):
         return json.load(f)
 
 
-def table(root, json_path=None):
-    """Rewrites the trials table from the run directories under `root`; prints it as Markdown."""
-    rows = trial_rows(root)
+def table(roots, json_path=None):
+    """Rewrites the trials table from the run directories under `roots`; prints it as Markdown."""
+    rows = trial_rows(roots)
     lines = ["| trial | seed | changes | updates | epochs | val BLEU | val loss | train h | status |", "|" + "---|" * 9]
     for row in rows:
         changes = ", ".join(f"{key}={value}" for key, value in row["changes"].items()) or "none"
@@ -176,7 +180,7 @@ def table(root, json_path=None):
         )
     print("\n".join(lines))
     if json_path:
-        command = f"python examples/long_multi30k.py --table {root} --json {json_path}"
+        command = f"python examples/long_multi30k.py --table {' '.join(roots)} --json {json_path}"
         _write(json_path, dict(command=command, date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                versions=published.versions(), machine=published.machine(),
                                trials={name: why for name, (_, why) in TRIALS.items()}, chosen=CHOSEN,
@@ -196,7 +200,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, dropout and data order (default 0)")
     parser.add_argument("--output", help="run directory (default runs/long/TRIAL_seedN, or runs/long/seedN)")
     parser.add_argument("--limit", type=int, help="only the first N pairs of each split (a smoke test)")
-    parser.add_argument("--table", metavar="ROOT", help="print (and with --json write) the trials under ROOT")
+    parser.add_argument(
+        "--table", nargs="+", metavar="ROOT", help="print (and with --json write) the trials under each ROOT"
+    )
     parser.add_argument("--summarize", nargs="+", metavar="RUN_DIR", help="summarize the chosen recipe's seeds")
     parser.add_argument("--json", help="with --table or --summarize: write the result here")
     parser.add_argument("--plot", help="with --summarize: the runs' validation curves (PNG)")

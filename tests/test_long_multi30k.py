@@ -38,7 +38,7 @@ def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, m
     assert report["step"] == 4 and "val" in report and "test2016" not in report
     assert not os.path.exists(os.path.join(output, "test2016.hyp.de"))  # test2016 is never decoded for a trial
     assert "--trial sampled --seed 3" in report["command"]
-    rows = long.table(str(tmp_path / "runs"), str(tmp_path / "trials.json"))
+    rows = long.table([str(tmp_path / "runs")], str(tmp_path / "trials.json"))
     assert [(row["trial"], row["seed"], row["changes"]) for row in rows] == [("sampled", 3, {"subword_sampling": 0.1})]
     assert rows[0]["val_tok_bleu"] == report["val"]["tok_bleu"] and rows[0]["updates"] == 4
     written = json.loads((tmp_path / "trials.json").read_text(encoding="utf-8"))
@@ -46,7 +46,7 @@ def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, m
     assert "| sampled | 3 | subword_sampling=0.1 | 4 |" in capsys.readouterr().out
     # A run that has not finished (no report yet) is listed by its trial.json, with its last validation loss.
     os.remove(os.path.join(output, "reproduction.json"))
-    (running,) = long.trial_rows(str(tmp_path / "runs"))
+    (running,) = long.trial_rows([str(tmp_path / "runs")])
     assert (running["trial"], running["status"], running["updates"], running["val_tok_bleu"]) == (
         "sampled",
         "running",
@@ -55,7 +55,17 @@ def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, m
     )
     assert 0.0 < running["val_loss"] < 20.0
     monkeypatch.setitem(long.STOPPED, "sampled", "a reason")
-    assert long.trial_rows(str(tmp_path / "runs"))[0]["status"] == "stopped: a reason"
+    assert long.trial_rows([str(tmp_path / "runs")])[0]["status"] == "stopped: a reason"
+    # A run of reproduce_multi30k.py (no trial named, the published recipe) is a row of the "published" trial.
+    reproduction = dict(report, recipe=dict(published.RECIPE))
+    del reproduction["trial"]
+    (tmp_path / "reproduce" / "seed0").mkdir(parents=True)
+    (tmp_path / "reproduce" / "seed0" / "reproduction.json").write_text(json.dumps(reproduction), encoding="utf-8")
+    rows = long.trial_rows([str(tmp_path / "runs"), str(tmp_path / "reproduce")])
+    assert [(row["trial"], row["changes"]) for row in rows] == [
+        ("published", {}),
+        ("sampled", {"subword_sampling": 0.1}),
+    ]
 
 
 def test_the_chosen_recipe_refuses_to_run_before_a_choice(monkeypatch, tmp_path):
