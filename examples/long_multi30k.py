@@ -51,7 +51,9 @@ TRIALS = {
     "mini_12k": (
         dict(max_steps=12000),
         "the published recipe trained 50% longer: its validation loss was still at its lowest at update 8,000, "
-        "with the rate still at half its peak",
+        "with the rate still at half its peak. Its first 8,000 updates are those of the reproduction's run of "
+        "the same seed (the same seed and data order give the same updates), so a copy of that run, resumed "
+        "from its update-8,000 state, runs the trial",
     ),
 }
 CHOSEN = None  # the trial the validation table picks; None until the trials are in
