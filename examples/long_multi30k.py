@@ -17,6 +17,8 @@ and average of the last 10, fairseq's search (beam 5, log P / length), the same 
 
 Run:
     python examples/long_multi30k.py --trial bpe_dropout_12k --seed 0       # one trial, ~1.5 h on 2 cores
+    python examples/long_multi30k.py --trial mini_15k_cooldown --seed 0 \
+        --start-from runs/long/mini_12k_seed0                                 # continues a finished run
     python examples/long_multi30k.py --table runs/long runs/reproduce \\
         --json benchmarks/results/<cpu>/long_recipe_trials.json
     python examples/long_multi30k.py --seed 0 --output runs/long/seed0         # the chosen recipe
@@ -51,9 +53,16 @@ TRIALS = {
     "mini_12k": (
         dict(max_steps=12000),
         "the published recipe trained 50% longer: its validation loss was still at its lowest at update 8,000, "
-        "with the rate still at half its peak. Its first 8,000 updates are those of the reproduction's run of "
-        "the same seed (the same seed and data order give the same updates), so a copy of that run, resumed "
-        "from its update-8,000 state, runs the trial",
+        "with the rate still at half its peak. It runs from a copy of the reproduction's run of the same seed "
+        "(`--start-from`), resumed at update 8,000: the same run as a fresh one interrupted there",
+    ),
+    "mini_15k_cooldown": (
+        dict(max_steps=15000, cooldown=0.2),
+        "mini_12k's greedy validation BLEU was still rising at update 12,000 (seed 0: 39.65 at 8,000, 40.87 at "
+        "12,000) with the rate at 2.0e-3: 3,000 more updates over which the rate falls linearly to zero (the "
+        "cooldown of warmup-stable-decay schedules), landing where checkpoint averaging only approximates. The "
+        "cooldown factor is 1 for the first 80% of the run, so it runs from a copy of mini_12k's run of the same "
+        "seed (`--start-from`), resumed at update 12,000",
     ),
 }
 CHOSEN = None  # the trial the validation table picks; None until the trials are in
@@ -71,18 +80,78 @@ def trial_recipe(name):
     return dict(published.RECIPE, **TRIALS[name][0])
 
 
-def run_trial(name, seed, output, limit=None):
-    """Trains (or resumes) one seed of one trial and scores the validation split only."""
+def run_trial(name, seed, output, limit=None, from_run=None):
+    """Trains (or resumes) one seed of one trial and scores the validation split only.
+
+    `from_run`: a finished run of the same seed to continue (`start_from`) instead of starting afresh.
+    """
     command = f"python examples/long_multi30k.py --trial {name} --seed {seed} --output {output}"
+    if from_run:
+        command += f" --start-from {from_run}"
+    trial_path = os.path.join(output, "trial.json")
+    if from_run and not os.path.exists(trial_path):
+        start_from(from_run, name, seed, output, command)
     os.makedirs(output, exist_ok=True)
-    if not os.path.exists(os.path.join(output, "trial.json")):  # names the run even if it never finishes
-        _write(os.path.join(output, "trial.json"), dict(trial=name, seed=seed, command=command))
-    report = published.run(
-        seed, output, export=False, limit=limit, recipe=trial_recipe(name), splits=("val",), command=command
+    if not os.path.exists(trial_path):  # names the run even if it never finishes
+        _write(trial_path, dict(trial=name, seed=seed, command=command))
+    start = {key: value for key, value in _read(trial_path).items() if key.startswith("started_")}
+    return published.run(
+        seed,
+        output,
+        export=False,
+        limit=limit,
+        recipe=trial_recipe(name),
+        splits=("val",),
+        command=command,
+        extra=dict(trial=name, **start),
     )
-    report["trial"] = name
-    _write(os.path.join(output, "reproduction.json"), report)
-    return report
+
+
+# Options a trial may change and still start from a finished run's state (`start_from`): its later updates only.
+PREFIX_OPTIONS = ("max_steps", "cooldown")
+
+
+def start_from(run_dir, name, seed, output, command):
+    """Copies the finished run `run_dir` into `output` so that trial `name` resumes from its last state.
+
+    A run is its seed's: a trial whose recipe differs from the run's only after the run's last update (more
+    updates; a cooldown that starts later) continues that run as a fresh run of the trial would continue had it
+    been interrupted there (a resume draws new dropout masks, seeded by the step). Refuses any other difference.
+    The copy's `config.json` names its own data files and the trial's cooldown (fixed for a resume, and 1 for
+    every update the copy holds); its `trial.json` records the run it started from. The copy is made beside
+    `output` and renamed: it is whole or absent.
+    """
+    import shutil
+
+    if os.path.exists(output):
+        raise SystemExit(f"long_multi30k: {output} exists and is not a trial's run; --start-from makes a new one")
+    source = _read(os.path.join(run_dir, "reproduction.json"))
+    step = _read(os.path.join(run_dir, "backup", "state.json"))["step"]
+    recipe, differences = trial_recipe(name), []
+    for key in sorted(set(recipe) | set(source["recipe"])):
+        before, after = source["recipe"].get(key), recipe.get(key)
+        later_only = key in PREFIX_OPTIONS and not (key == "cooldown" and before)
+        if before != after and not later_only:
+            differences.append(f"{key} ({before!r} -> {after!r})")
+    cooldown = recipe.get("cooldown", 0.0)
+    if source["seed"] != seed:
+        differences.append(f"seed ({source['seed']} -> {seed})")
+    if (1.0 - cooldown) * recipe["max_steps"] < step:
+        differences.append(f"the rate before update {step} (max_steps {recipe['max_steps']}, cooldown {cooldown})")
+    if differences:
+        raise SystemExit(f"long_multi30k: trial {name} cannot start from {run_dir}: {'; '.join(differences)}")
+    partial = output.rstrip("/") + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(
+        run_dir, partial, ignore=shutil.ignore_patterns("reproduction.json", "trial.json", "*.hyp.*", "export")
+    )
+    config = _read(os.path.join(partial, "config.json"))
+    config["data"]["spec"] = config["training"]["data"] = published.data_spec(output)
+    config["training"]["cooldown"] = cooldown
+    _write(os.path.join(partial, "config.json"), config)
+    trial = dict(trial=name, seed=seed, command=command, started_from=os.path.abspath(run_dir), started_at=step)
+    _write(os.path.join(partial, "trial.json"), trial)
+    os.replace(partial, output)
 
 
 def run_chosen(seed, output, limit=None):
@@ -90,10 +159,9 @@ def run_chosen(seed, output, limit=None):
     if CHOSEN is None:
         raise SystemExit("long_multi30k: no recipe chosen yet; run trials (--trial) and read --table first")
     command = f"python examples/long_multi30k.py --seed {seed} --output {output}"
-    report = published.run(seed, output, limit=limit, recipe=trial_recipe(CHOSEN), command=command)
-    report["trial"] = CHOSEN
-    _write(os.path.join(output, "reproduction.json"), report)
-    return report
+    return published.run(
+        seed, output, limit=limit, recipe=trial_recipe(CHOSEN), command=command, extra=dict(trial=CHOSEN)
+    )
 
 
 def trial_rows(roots):
@@ -122,14 +190,15 @@ def _changes(recipe):
 
 
 def _finished_row(report):
-    trial = report.get("trial") or ("published" if not _changes(report["recipe"]) else None)
+    changes = _changes(report["recipe"])
+    trial = report.get("trial") or ("published" if not changes else None)
     if trial is None:
         return None
     return dict(
         trial=trial,
         seed=report["seed"],
         status="finished",
-        changes=_changes(report["recipe"]),
+        changes=changes,
         updates=report["step"],
         epochs=report["epochs"],
         val_tok_bleu=report["val"]["tok_bleu"],
@@ -203,6 +272,9 @@ def main(argv=None):
     parser.add_argument("--output", help="run directory (default runs/long/TRIAL_seedN, or runs/long/seedN)")
     parser.add_argument("--limit", type=int, help="only the first N pairs of each split (a smoke test)")
     parser.add_argument(
+        "--start-from", metavar="RUN_DIR", help="with --trial: continue this finished run of the same seed"
+    )
+    parser.add_argument(
         "--table", nargs="+", metavar="ROOT", help="print (and with --json write) the trials under each ROOT"
     )
     parser.add_argument("--summarize", nargs="+", metavar="RUN_DIR", help="summarize the chosen recipe's seeds")
@@ -215,7 +287,7 @@ def main(argv=None):
         published.summarize(namespace.summarize, namespace.json, namespace.plot, script="examples/long_multi30k.py")
     elif namespace.trial:
         output = namespace.output or f"runs/long/{namespace.trial}_seed{namespace.seed}"
-        run_trial(namespace.trial, namespace.seed, output, namespace.limit)
+        run_trial(namespace.trial, namespace.seed, output, namespace.limit, namespace.start_from)
     else:
         run_chosen(namespace.seed, namespace.output or f"runs/long/seed{namespace.seed}", namespace.limit)
     return 0

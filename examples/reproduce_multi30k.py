@@ -117,6 +117,12 @@ def prepare_data(output, limit=None):
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 f.write("\n".join(tokenized) + "\n")
             os.replace(path + ".tmp", path)
+    return data_spec(output)
+
+
+def data_spec(output):
+    """The `TrainingArgs.data` of the files `prepare_data` writes into the run directory `output`."""
+    directory = os.path.join(output, "data")
     return f"files:{directory}/{{split}}.en,{directory}/{{split}}.de"
 
 
@@ -208,11 +214,12 @@ def versions():
     return {name: metadata.version(name) for name in ("keras-transformer", "tensorflow", "keras", "sacrebleu")}
 
 
-def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], command=None):
+def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], command=None, extra=None):
     """Trains (or resumes) one seed of a recipe (default: the published one), scores `splits`, exports.
 
     Returns the report, also written to `OUTPUT/reproduction.json`. `command` is the one recorded (default: this
-    script's); `recipe` is a dict like `RECIPE`.
+    script's); `recipe` is a dict like `RECIPE`; `extra` holds further report fields (e.g. the trial's name),
+    recorded in the report and in the export's metadata.
     """
     from keras_transformer import training
     from keras_transformer.inference.saved_model import export_saved_model
@@ -245,10 +252,12 @@ def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], c
         machine=machine(),
         versions=versions(),
         date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **(extra or {}),
     )
     plot_curves(output)
     if export:
         metadata = {key: report[key] for key in ("command", "seed", "step", "epochs", "machine", "date", "recipe")}
+        metadata.update(extra or {})
         metadata.update({split: report[split] for split in splits}, input="lower-cased Moses-tokenized English")
         path = export_saved_model(output, os.path.join(output, "export"), beam_size=BEAM, alpha=ALPHA,
                                   length_penalty=LENGTH_PENALTY, version=1,

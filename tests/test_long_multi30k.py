@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from keras_transformer.training.callbacks import SIGNAL_AT_STEP_ENVIRONMENT
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 import long_multi30k as long  # noqa: E402
@@ -72,3 +74,51 @@ def test_the_chosen_recipe_refuses_to_run_before_a_choice(monkeypatch, tmp_path)
     monkeypatch.setattr(long, "CHOSEN", None)
     with pytest.raises(SystemExit, match="no recipe chosen"):
         long.run_chosen(0, str(tmp_path / "seed0"))
+
+
+def test_a_trial_started_from_a_run_is_that_trial_interrupted_where_the_run_ended(tmp_path, monkeypatch):
+    """`--start-from`: a 6-update trial whose cooldown starts after update 4, continued from a finished 4-update
+    run of the same seed, ends exactly where the same trial trained from scratch ends when it is interrupted
+    after update 4 and resumed (a resume draws new dropout masks); other changes are refused."""
+    tiny = dict(
+        preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=None, precision="float32"
+    )
+    for key, value in tiny.items():
+        monkeypatch.setitem(published.RECIPE, key, value)
+    monkeypatch.setitem(long.TRIALS, "longer", (dict(max_steps=6, cooldown=1 / 3), "a test"))
+    monkeypatch.setitem(long.TRIALS, "wetter", (dict(max_steps=6, dropout=0.5), "a test"))
+    first = long.run_trial("published", 1, str(tmp_path / "first"), limit=120)
+    assert first["step"] == 4
+    with pytest.raises(SystemExit, match=r"cannot start from .*first: dropout \(0.3 -> 0.5\)"):
+        long.run_trial("wetter", 1, str(tmp_path / "wet"), limit=120, from_run=str(tmp_path / "first"))
+    with pytest.raises(SystemExit, match=r"seed \(1 -> 2\)"):
+        long.run_trial("longer", 2, str(tmp_path / "seed2"), limit=120, from_run=str(tmp_path / "first"))
+    assert not os.path.exists(tmp_path / "wet") and not os.path.exists(tmp_path / "seed2")
+
+    continued = long.run_trial("longer", 1, str(tmp_path / "continued"), limit=120, from_run=str(tmp_path / "first"))
+    monkeypatch.setenv(SIGNAL_AT_STEP_ENVIRONMENT, "4")
+    with pytest.raises(KeyboardInterrupt):
+        long.run_trial("longer", 1, str(tmp_path / "fresh"), limit=120)
+    monkeypatch.delenv(SIGNAL_AT_STEP_ENVIRONMENT)
+    fresh = long.run_trial("longer", 1, str(tmp_path / "fresh"), limit=120)
+    assert continued["step"] == fresh["step"] == 6
+    assert (continued["started_from"], continued["started_at"]) == (str(tmp_path / "first"), 4)
+    assert "--start-from" in continued["command"] and "started_from" not in fresh
+    state = "backup/state-00000006.weights.h5"
+    continued_state, fresh_state = _arrays(tmp_path / "continued" / state), _arrays(tmp_path / "fresh" / state)
+    assert sorted(continued_state) == sorted(fresh_state)
+    assert [name for name in continued_state if continued_state[name] != fresh_state[name]] == []
+    assert continued["val_metrics"] == fresh["val_metrics"]
+    # Started again after an interruption, the trial resumes its own directory rather than copying again.
+    again = long.run_trial("longer", 1, str(tmp_path / "continued"), limit=120, from_run=str(tmp_path / "first"))
+    assert again["val_metrics"] == continued["val_metrics"]
+
+
+def _arrays(path):
+    """Every array of a Keras weights file (weights and optimizer state), as {name: bytes}."""
+    import h5py
+
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: arrays.update({name: item[()].tobytes()}) if hasattr(item, "shape") else None)
+    return arrays
