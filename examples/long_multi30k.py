@@ -155,12 +155,24 @@ def start_from(run_dir, name, seed, output, command):
 
 
 def run_chosen(seed, output, limit=None):
-    """One seed of the chosen recipe: validation, test2016 once, and the export."""
+    """One seed of the chosen recipe: validation, test2016 once, and the export.
+
+    `output` may hold the chosen trial's run of this seed: it is finished (or resumed), then scored and exported.
+    """
     if CHOSEN is None:
         raise SystemExit("long_multi30k: no recipe chosen yet; run trials (--trial) and read --table first")
     command = f"python examples/long_multi30k.py --seed {seed} --output {output}"
+    trial_path, start = os.path.join(output, "trial.json"), {}
+    if os.path.exists(trial_path):
+        trial = _read(trial_path)
+        if (trial["trial"], trial["seed"]) != (CHOSEN, seed):
+            raise SystemExit(
+                f"long_multi30k: {output} holds seed {trial['seed']} of trial {trial['trial']}, not seed {seed} "
+                f"of the chosen {CHOSEN}"
+            )
+        start = {key: value for key, value in trial.items() if key.startswith("started_")}
     return published.run(
-        seed, output, limit=limit, recipe=trial_recipe(CHOSEN), command=command, extra=dict(trial=CHOSEN)
+        seed, output, limit=limit, recipe=trial_recipe(CHOSEN), command=command, extra=dict(trial=CHOSEN, **start)
     )
 
 

@@ -70,9 +70,18 @@ def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, m
     ]
 
 
-def test_the_chosen_recipe_refuses_to_run_before_a_choice(monkeypatch, tmp_path):
+def test_the_chosen_recipe_refuses_to_run_before_a_choice_or_on_another_run(monkeypatch, tmp_path):
     monkeypatch.setattr(long, "CHOSEN", None)
     with pytest.raises(SystemExit, match="no recipe chosen"):
+        long.run_chosen(0, str(tmp_path / "seed0"))
+    # Nor on another trial's run, or another seed's.
+    monkeypatch.setattr(long, "CHOSEN", "mini_12k")
+    (tmp_path / "seed0").mkdir()
+    (tmp_path / "seed0" / "trial.json").write_text(json.dumps(dict(trial="small_drop0.3_7k", seed=0)))
+    with pytest.raises(SystemExit, match="holds seed 0 of trial small_drop0.3_7k, not seed 0 of the chosen mini_12k"):
+        long.run_chosen(0, str(tmp_path / "seed0"))
+    (tmp_path / "seed0" / "trial.json").write_text(json.dumps(dict(trial="mini_12k", seed=1)))
+    with pytest.raises(SystemExit, match="holds seed 1 of trial mini_12k, not seed 0"):
         long.run_chosen(0, str(tmp_path / "seed0"))
 
 
