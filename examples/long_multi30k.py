@@ -12,8 +12,9 @@ two CPU cores, and judges them on the validation split alone:
   (`--seed N`): validation, then test2016 scored once, a SavedModel export with the recipe's search, and
   `--summarize` for the mean and standard deviation over three seeds.
 
-Everything else is the reproduction's: the same lower-cased Moses-tokenized data, the same checkpoint per epoch
-and average of the last 10, fairseq's search (beam 5, log P / length), the same scoring.
+Everything else is the reproduction's: the same lower-cased Moses-tokenized data (unless a trial trains on the
+corpus as written, `text="raw"`), the same checkpoint per epoch and average of the last 10, fairseq's search
+(beam 5, log P / length), the same scoring.
 
 Run:
     python examples/long_multi30k.py --trial bpe_dropout_12k --seed 0       # one trial, ~1.5 h on 2 cores
@@ -63,6 +64,13 @@ TRIALS = {
         "cooldown of warmup-stable-decay schedules), landing where checkpoint averaging only approximates. The "
         "cooldown factor is 1 for the first 80% of the run, so it runs from a copy of mini_12k's run of the same "
         "seed (`--start-from`), resumed at update 12,000",
+    ),
+    "raw_15k_cooldown": (
+        dict(text="raw", max_steps=15000, cooldown=0.2),
+        "mini_15k_cooldown on the corpus as written, as the demo trains: a model that takes sentences as users "
+        "write them and answers in cased German, so that it can be the committed model (a lower-cased model "
+        "needs Moses' lower-casing and tokenization around it). Scored like every run, on its output lower-cased "
+        "and Moses-tokenized. It trains from scratch",
     ),
 }
 CHOSEN = None  # the trial the validation table picks; None until the trials are in
@@ -126,6 +134,7 @@ def start_from(run_dir, name, seed, output, command):
     if os.path.exists(output):
         raise SystemExit(f"long_multi30k: {output} exists and is not a trial's run; --start-from makes a new one")
     source = _read(os.path.join(run_dir, "reproduction.json"))
+    source["recipe"] = {**published.LEGACY_RECIPE, **source["recipe"]}
     step = _read(os.path.join(run_dir, "backup", "state.json"))["step"]
     recipe, differences = trial_recipe(name), []
     for key in sorted(set(recipe) | set(source["recipe"])):
@@ -198,6 +207,7 @@ def trial_rows(roots):
 
 
 def _changes(recipe):
+    recipe = {**published.LEGACY_RECIPE, **recipe}
     return {key: value for key, value in recipe.items() if published.RECIPE.get(key) != value}
 
 

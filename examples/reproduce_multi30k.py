@@ -92,30 +92,49 @@ RECIPE = dict(
     precision="auto",
     validate_bleu_every=1000,
     log_every=100,
+    text="lowercased_tokenized",
 )
+# What the model reads and writes: the published data (lower-cased, Moses-tokenized), or the corpus as written.
+TEXT_FORMS = {"lowercased_tokenized": "lower-cased Moses-tokenized English", "raw": "English as written"}
+# What a run recorded before a recipe key existed had.
+LEGACY_RECIPE = {"text": "lowercased_tokenized"}
 BEAM, ALPHA, LENGTH_PENALTY = 5, 1.0, "average"  # fairseq's --beam 5 --lenpen 1
 FAIRSEQ_PATIENCE = 10
 
 
-def prepare_data(output, limit=None):
-    """Writes OUTPUT/data/{split}.{en,de}: lower-cased, punctuation-normalized, Moses-tokenized (as published).
+def prepare_data(output, limit=None, text="lowercased_tokenized"):
+    """Writes OUTPUT/data/{split}.{en,de}: lower-cased, punctuation-normalized, Moses-tokenized (as published),
+    or with `text="raw"` the corpus as written (`TEXT_FORMS`).
 
-    `limit`: only the first `limit` pairs of each split (smoke tests).
+    `limit`: only the first `limit` pairs of each split (smoke tests). A run directory keeps the text form it
+    was made with (`data/TEXT`): another one is refused.
     """
     from keras_transformer.data import corpora
     from keras_transformer.inference.evaluation import moses_tokenize_lowercase
 
+    if text not in TEXT_FORMS:
+        raise SystemExit(f"reproduce_multi30k: text must be one of {', '.join(TEXT_FORMS)}, got {text!r}")
     directory = os.path.join(output, "data")
     os.makedirs(directory, exist_ok=True)
+    marker = os.path.join(directory, "TEXT")
+    made = open(marker, encoding="utf-8").read().strip() if os.path.exists(marker) else None
+    if made is None and os.path.exists(os.path.join(directory, "train.en")):
+        made = "lowercased_tokenized"  # written before the text form was recorded
+    if made not in (None, text):
+        raise SystemExit(f"reproduce_multi30k: {directory} holds {made} text, not {text}; use another --output")
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
     for split in SPLITS:
         for lang in ("en", "de"):
             path = os.path.join(directory, f"{split}.{lang}")
             lines = corpora.read_lines(split, lang)[:limit]
             if os.path.exists(path) and sum(1 for _ in open(path, encoding="utf-8")) == len(lines):
                 continue
-            tokenized = moses_tokenize_lowercase([line.strip() for line in lines], lang)
+            lines = [line.strip() for line in lines]
+            if text == "lowercased_tokenized":
+                lines = moses_tokenize_lowercase(lines, lang)
             with open(path + ".tmp", "w", encoding="utf-8") as f:
-                f.write("\n".join(tokenized) + "\n")
+                f.write("\n".join(lines) + "\n")
             os.replace(path + ".tmp", path)
     return data_spec(output)
 
@@ -150,7 +169,8 @@ def training_args(seed, output, limit=None, recipe=None):
 
     recipe = dict(recipe or RECIPE)
     overrides = {key: recipe.pop(key) for key in ("label_smoothing", "dropout", "attention_dropout")}
-    args = TrainingArgs(output=output, data=prepare_data(output, limit), seed=seed, overrides=overrides, **recipe)
+    data = prepare_data(output, limit, recipe.pop("text", RECIPE["text"]))
+    args = TrainingArgs(output=output, data=data, seed=seed, overrides=overrides, **recipe)
     config_path = os.path.join(output, "config.json")
     if os.path.exists(config_path):  # a resume: the epoch the run started with
         with open(config_path, encoding="utf-8") as f:
@@ -161,8 +181,12 @@ def training_args(seed, output, limit=None, recipe=None):
     return dataclasses.replace(args, checkpoint_every=steps, checkpoint_minutes=None, validate_every=1)
 
 
-def translate_and_score(translator, output, split, limit=None):
-    """Beam search on one split; BLEU on lower-cased tokens as published, and `corpus_scores` on detokenized text."""
+def translate_and_score(translator, output, split, limit=None, text="lowercased_tokenized"):
+    """Beam search on one split; BLEU on lower-cased tokens as published, and `corpus_scores` on detokenized text.
+
+    A model of raw text (`text="raw"`) is scored on its output lower-cased and Moses-tokenized, as the published
+    references were made.
+    """
     from sacrebleu.metrics import BLEU
     from sacremoses import MosesDetokenizer
 
@@ -176,9 +200,12 @@ def translate_and_score(translator, output, split, limit=None):
     with open(os.path.join(output, f"{split}.hyp.de"), "w", encoding="utf-8") as f:
         f.write("\n".join(hypotheses) + "\n")
     reference_tokens = moses_tokenize_lowercase([line.strip() for line in references], "de")
-    published = BLEU(tokenize="none", force=True).corpus_score(hypotheses, [reference_tokens])
-    detokenizer = MosesDetokenizer("de")
-    detokenized = [detokenizer.detokenize(line.split(), unescape=True) for line in hypotheses]
+    if text == "raw":
+        tokens, detokenized = moses_tokenize_lowercase(hypotheses, "de"), hypotheses
+    else:
+        detokenizer = MosesDetokenizer("de")
+        tokens, detokenized = hypotheses, [detokenizer.detokenize(line.split(), unescape=True) for line in hypotheses]
+    published = BLEU(tokenize="none", force=True).corpus_score(tokens, [reference_tokens])
     scores = corpus_scores(detokenized, references, lang="de")
     return {
         "tok_bleu": round(published.score, 2),
@@ -226,7 +253,7 @@ def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], c
     from keras_transformer.inference.translator import Translator
     from keras_transformer.training.curves import plot_curves
 
-    recipe = recipe or RECIPE
+    recipe = {**LEGACY_RECIPE, **(recipe or RECIPE)}
     args = training_args(seed, output, limit, recipe)
     started = time.perf_counter()
     result = training.train(args)
@@ -241,7 +268,7 @@ def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], c
         train_seconds=_trained_seconds(output),
         val_metrics=result.val_metrics,
         fairseq_patience_stop_epoch=patience_stop(result.history),
-        **{split: translate_and_score(translator, output, split, limit) for split in splits},
+        **{split: translate_and_score(translator, output, split, limit, recipe["text"]) for split in splits},
         beam=BEAM,
         alpha=ALPHA,
         length_penalty=LENGTH_PENALTY,
@@ -258,7 +285,7 @@ def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], c
     if export:
         metadata = {key: report[key] for key in ("command", "seed", "step", "epochs", "machine", "date", "recipe")}
         metadata.update(extra or {})
-        metadata.update({split: report[split] for split in splits}, input="lower-cased Moses-tokenized English")
+        metadata.update({split: report[split] for split in splits}, input=TEXT_FORMS[recipe["text"]])
         path = export_saved_model(output, os.path.join(output, "export"), beam_size=BEAM, alpha=ALPHA,
                                   length_penalty=LENGTH_PENALTY, version=1,
                                   overwrite=True, metadata=metadata, dtype="float32")  # fmt: skip

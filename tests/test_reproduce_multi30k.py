@@ -88,3 +88,37 @@ def test_an_experiment_is_named_in_the_command_it_records(monkeypatch):
     assert recipe._experiment_flags() == ""  # the published recipe
     monkeypatch.setitem(recipe.RECIPE, "batch_tokens", 9216)
     assert recipe._experiment_flags() == " --batch-tokens 9216"
+
+
+class _Echo:
+    """A translator that answers with the given lines (the references, in one text form or the other)."""
+
+    def __init__(self, lines):
+        self.lines = lines
+
+    def translate(self, sources):
+        assert len(sources) == len(self.lines)
+        return self.lines
+
+
+def test_raw_text_is_kept_as_written_and_scored_as_published(tmp_path):
+    """`text="raw"`: the corpus as written, and the output lower-cased and Moses-tokenized before the published
+    BLEU; a run directory keeps its text form."""
+    from keras_transformer.data import corpora
+    from keras_transformer.inference.evaluation import moses_tokenize_lowercase
+
+    raw, tokenized = str(tmp_path / "raw"), str(tmp_path / "tokenized")
+    recipe.prepare_data(raw, limit=20, text="raw")
+    recipe.prepare_data(tokenized, limit=20)
+    first = "A man in an orange hat starring at something."
+    assert open(os.path.join(raw, "data", "test2016.en"), encoding="utf-8").readline().strip() == first
+    with pytest.raises(SystemExit, match="holds raw text, not lowercased_tokenized"):
+        recipe.prepare_data(raw, limit=20)
+    with pytest.raises(SystemExit, match="text must be one of"):
+        recipe.prepare_data(str(tmp_path / "other"), limit=20, text="cased")
+    references = [line.strip() for line in corpora.read_lines("test2016", "de")[:20]]
+    as_raw = recipe.translate_and_score(_Echo(references), raw, "test2016", limit=20, text="raw")
+    lines = moses_tokenize_lowercase(references, "de")
+    as_tokens = recipe.translate_and_score(_Echo(lines), tokenized, "test2016", limit=20)
+    assert as_raw["tok_bleu"] == as_tokens["tok_bleu"] == 100.0
+    assert round(as_raw["detokenized"]["bleu"], 6) == 100.0  # the raw output is already detokenized
