@@ -65,19 +65,24 @@ TRIALS = {
         "cooldown factor is 1 for the first 80% of the run, so it runs from a copy of mini_12k's run of the same "
         "seed (`--start-from`), resumed at update 12,000",
     ),
-    "raw_15k_cooldown": (
-        dict(text="raw", max_steps=15000, cooldown=0.2),
-        "mini_15k_cooldown on the corpus as written, as the demo trains: a model that takes sentences as users "
+    "raw_12k": (
+        dict(text="raw", max_steps=12000),
+        "mini_12k on the corpus as written, as the demo trains: a model that takes sentences as users "
         "write them and answers in cased German, so that it can be the committed model (a lower-cased model "
         "needs Moses' lower-casing and tokenization around it). Scored like every run, on its output lower-cased "
         "and Moses-tokenized. It trains from scratch",
     ),
 }
-CHOSEN = None  # the trial the validation table picks; None until the trials are in
+# The trial the validation table picks (None until the trials are in): mini_12k, mean validation BLEU 42.14 over
+# three seeds against the published recipe's 41.48 on the same seeds.
+CHOSEN = "mini_12k"
 # Trials stopped before their end, and why (the table shows their last validation loss).
 STOPPED = {
     "bpe_dropout_12k": "validation loss flat at 4.2 from update 1,500 to 2,198, at the peak rate (the published "
     "recipe: 2.98 at update 2,000); SentencePiece's BPE-dropout 0.1 made the training sequences 37% longer",
+    "mini_15k_cooldown": "after seed 0: 42.07 on validation against mini_12k's 42.43 for the same seed, and a "
+    "higher validation loss (2.6415 against 2.634); its greedy validation BLEU stayed at 40.8-41.1 from update "
+    "12,000 to 15,000",
 }
 
 
