@@ -18,7 +18,7 @@ corpus as written, `text="raw"`), the same checkpoint per epoch and average of t
 
 Run:
     python examples/long_multi30k.py --trial bpe_dropout_12k --seed 0       # one trial, ~1.5 h on 2 cores
-    python examples/long_multi30k.py --trial mini_15k_cooldown --seed 0 \
+    python examples/long_multi30k.py --trial mini_15k_cooldown --seed 0 \\
         --start-from runs/long/mini_12k_seed0                                 # continues a finished run
     python examples/long_multi30k.py --table runs/long runs/reproduce \\
         --json benchmarks/results/<cpu>/long_recipe_trials.json
@@ -308,6 +308,8 @@ def main(argv=None):
     parser.add_argument("--json", help="with --table or --summarize: write the result here")
     parser.add_argument("--plot", help="with --summarize: the runs' validation curves (PNG)")
     namespace = parser.parse_args(argv)
+    if namespace.start_from and not namespace.trial:
+        parser.error("--start-from continues a run as a trial: give --trial NAME too")
     if namespace.table:
         table(namespace.table, namespace.json)
     elif namespace.summarize:

@@ -88,6 +88,12 @@ def test_the_chosen_recipe_refuses_to_run_before_a_choice_or_on_another_run(monk
         long.run_chosen(0, str(tmp_path / "seed0"))
 
 
+def test_start_from_is_refused_without_a_trial(capsys):
+    with pytest.raises(SystemExit):
+        long.main(["--seed", "0", "--start-from", "runs/long/mini_12k_seed0"])
+    assert "--start-from continues a run as a trial: give --trial NAME too" in capsys.readouterr().err
+
+
 def test_a_trial_started_from_a_run_is_that_trial_interrupted_where_the_run_ended(tmp_path, monkeypatch):
     """`--start-from`: a 6-update trial whose cooldown starts after update 4, continued from a finished 4-update
     run of the same seed, ends exactly where the same trial trained from scratch ends when it is interrupted
