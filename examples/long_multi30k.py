@@ -107,7 +107,6 @@ def run_trial(name, seed, output, limit=None, from_run=None):
     os.makedirs(output, exist_ok=True)
     if not os.path.exists(trial_path):  # names the run even if it never finishes
         _write(trial_path, dict(trial=name, seed=seed, command=command))
-    start = {key: value for key, value in _read(trial_path).items() if key.startswith("started_")}
     return published.run(
         seed,
         output,
@@ -116,7 +115,7 @@ def run_trial(name, seed, output, limit=None, from_run=None):
         recipe=trial_recipe(name),
         splits=("val",),
         command=command,
-        extra=dict(trial=name, **start),
+        extra=dict(trial=name, **_started(_read(trial_path))),
     )
 
 
@@ -168,6 +167,11 @@ def start_from(run_dir, name, seed, output, command):
     os.replace(partial, output)
 
 
+def _started(trial):
+    """The run a trial's `trial.json` says it started from (`start_from`), as report fields; {} for a fresh run."""
+    return {key: value for key, value in trial.items() if key.startswith("started_")}
+
+
 def run_chosen(seed, output, limit=None):
     """One seed of the chosen recipe: validation, test2016 once, and the export.
 
@@ -184,7 +188,7 @@ def run_chosen(seed, output, limit=None):
                 f"long_multi30k: {output} holds seed {trial['seed']} of trial {trial['trial']}, not seed {seed} "
                 f"of the chosen {CHOSEN}"
             )
-        start = {key: value for key, value in trial.items() if key.startswith("started_")}
+        start = _started(trial)
     return published.run(
         seed, output, limit=limit, recipe=trial_recipe(CHOSEN), command=command, extra=dict(trial=CHOSEN, **start)
     )

@@ -117,9 +117,12 @@ def prepare_data(output, limit=None, text="lowercased_tokenized"):
     directory = os.path.join(output, "data")
     os.makedirs(directory, exist_ok=True)
     marker = os.path.join(directory, "TEXT")
-    made = open(marker, encoding="utf-8").read().strip() if os.path.exists(marker) else None
-    if made is None and os.path.exists(os.path.join(directory, "train.en")):
-        made = "lowercased_tokenized"  # written before the text form was recorded
+    made = None
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as f:
+            made = f.read().strip()
+    elif os.path.exists(os.path.join(directory, "train.en")):
+        made = LEGACY_RECIPE["text"]  # written before the text form was recorded
     if made not in (None, text):
         raise SystemExit(f"reproduce_multi30k: {directory} holds {made} text, not {text}; use another --output")
     with open(marker, "w", encoding="utf-8") as f:
@@ -169,7 +172,7 @@ def training_args(seed, output, limit=None, recipe=None):
 
     recipe = dict(recipe or RECIPE)
     overrides = {key: recipe.pop(key) for key in ("label_smoothing", "dropout", "attention_dropout")}
-    data = prepare_data(output, limit, recipe.pop("text", RECIPE["text"]))
+    data = prepare_data(output, limit, recipe.pop("text", LEGACY_RECIPE["text"]))
     args = TrainingArgs(output=output, data=data, seed=seed, overrides=overrides, **recipe)
     config_path = os.path.join(output, "config.json")
     if os.path.exists(config_path):  # a resume: the epoch the run started with
