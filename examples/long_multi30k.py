@@ -10,7 +10,9 @@ two CPU cores, and judges them on the validation split alone:
   loss, training time, machine), rewritten from the run directories each time;
 - the chosen recipe (`CHOSEN`, picked from the table by validation BLEU) runs like the reproduction
   (`--seed N`): validation, then test2016 scored once, a SavedModel export with the recipe's search, and
-  `--summarize` for the mean and standard deviation over three seeds.
+  `--summarize` for the mean and standard deviation over three seeds;
+- `--commit RUN_DIR` makes a finished trial run of raw text (the one best on validation) the committed model:
+  test2016 scored once, exported over `saved_models/multi30k_en_de/1` with its recipe, seed, machine and scores.
 
 Everything else is the reproduction's: the same lower-cased Moses-tokenized data (unless a trial trains on the
 corpus as written, `text="raw"`), the same checkpoint per epoch and average of the last 10, fairseq's search
@@ -25,6 +27,7 @@ Run:
     python examples/long_multi30k.py --seed 0 --output runs/long/seed0         # the chosen recipe
     python examples/long_multi30k.py --summarize runs/long/seed0 runs/long/seed1 runs/long/seed2 \\
         --json benchmarks/results/<cpu>/long_multi30k.json --plot benchmarks/results/<cpu>/long_multi30k.png
+    python examples/long_multi30k.py --commit runs/long/raw_12k_seed0          # the committed model
 """
 
 import argparse
@@ -194,6 +197,45 @@ def run_chosen(seed, output, limit=None):
     )
 
 
+# Where `--commit` writes the committed model: TF Serving's base directory, and the version it replaces.
+COMMITTED_MODEL, COMMITTED_VERSION = "saved_models/multi30k_en_de", 1
+
+
+def commit(run_dir, base=COMMITTED_MODEL, limit=None):
+    """Makes the finished trial run `run_dir` the committed model; returns the version directory written.
+
+    The committed model is chosen on validation among runs of raw text (`text="raw"`): TF Serving clients send
+    sentences as written and read German as written, which a model of lower-cased tokenized text does not give.
+    The run is scored on validation and, once, on test2016, and exported with its search into `run_dir/export`
+    (`published.run`); that export is then written again over `base/<COMMITTED_VERSION>`, replacing the version
+    there (written beside it and renamed). Its `export.json` records the trial, the recipe, the seed, the machine
+    and both scores.
+    """
+    from keras_transformer.inference.saved_model import export_saved_model
+
+    paths = [os.path.join(run_dir, name) for name in ("trial.json", "reproduction.json")]
+    if not all(os.path.exists(path) for path in paths):
+        raise SystemExit(f"long_multi30k: {run_dir} holds no finished trial (its trial.json and reproduction.json)")
+    trial = _read(paths[0])
+    recipe = trial_recipe(trial["trial"])
+    if recipe["text"] != "raw":
+        raise SystemExit(
+            f"long_multi30k: trial {trial['trial']} reads {published.TEXT_FORMS[recipe['text']]}; the committed "
+            f"model reads {published.TEXT_FORMS['raw']}"
+        )
+    report = published.run(
+        trial["seed"],
+        run_dir,
+        limit=limit,
+        recipe=recipe,
+        command=f"python examples/long_multi30k.py --commit {run_dir}",
+        extra=dict(trial=trial["trial"], trial_command=trial["command"], **_started(trial)),
+    )
+    path = export_saved_model(report["export_path"], base, version=COMMITTED_VERSION, overwrite=True)
+    print(f"committed {run_dir} (trial {trial['trial']}, seed {trial['seed']}) as {path}")
+    return path
+
+
 def trial_rows(roots):
     """One row per trial run under the directories `roots` (any depth), sorted by trial and seed.
 
@@ -300,7 +342,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trial", choices=sorted(TRIALS), help="train one trial, scored on validation only")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights, dropout and data order (default 0)")
-    parser.add_argument("--output", help="run directory (default runs/long/TRIAL_seedN, or runs/long/seedN)")
+    parser.add_argument(
+        "--output",
+        help=f"run directory (default runs/long/TRIAL_seedN, or runs/long/seedN); with --commit, the model's base "
+        f"directory (default {COMMITTED_MODEL})",
+    )
     parser.add_argument("--limit", type=int, help="only the first N pairs of each split (a smoke test)")
     parser.add_argument(
         "--start-from", metavar="RUN_DIR", help="with --trial: continue this finished run of the same seed"
@@ -309,6 +355,11 @@ def main(argv=None):
         "--table", nargs="+", metavar="ROOT", help="print (and with --json write) the trials under each ROOT"
     )
     parser.add_argument("--summarize", nargs="+", metavar="RUN_DIR", help="summarize the chosen recipe's seeds")
+    parser.add_argument(
+        "--commit",
+        metavar="RUN_DIR",
+        help=f"score this finished trial run on test2016 and export it over {COMMITTED_MODEL}/{COMMITTED_VERSION}",
+    )
     parser.add_argument("--json", help="with --table or --summarize: write the result here")
     parser.add_argument("--plot", help="with --summarize: the runs' validation curves (PNG)")
     namespace = parser.parse_args(argv)
@@ -316,6 +367,8 @@ def main(argv=None):
         parser.error("--start-from continues a run as a trial: give --trial NAME too")
     if namespace.table:
         table(namespace.table, namespace.json)
+    elif namespace.commit:
+        commit(namespace.commit, namespace.output or COMMITTED_MODEL, namespace.limit)
     elif namespace.summarize:
         published.summarize(namespace.summarize, namespace.json, namespace.plot, script="examples/long_multi30k.py")
     elif namespace.trial:

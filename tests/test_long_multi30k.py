@@ -140,3 +140,40 @@ def _arrays(path):
     with h5py.File(path, "r") as f:
         f.visititems(lambda name, item: arrays.update({name: item[()].tobytes()}) if hasattr(item, "shape") else None)
     return arrays
+
+
+def test_commit_scores_test2016_once_and_replaces_the_committed_version(tmp_path, monkeypatch):
+    """`--commit`: a finished run of raw text is scored on test2016 and exported over version 1 of the base
+    directory with its trial, recipe, seed, machine and scores; a run of lower-cased text or an unfinished one is
+    refused."""
+    tiny = dict(
+        preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=None, precision="float32"
+    )
+    for key, value in tiny.items():
+        monkeypatch.setitem(published.RECIPE, key, value)
+    monkeypatch.setitem(long.TRIALS, "raw_tiny", (dict(text="raw"), "a test"))
+    base, run_dir = tmp_path / "saved_models" / "m", str(tmp_path / "raw_tiny_seed2")
+    with pytest.raises(SystemExit, match="holds no finished trial"):
+        long.commit(run_dir, str(base), limit=60)
+    trial = long.run_trial("raw_tiny", 2, run_dir, limit=60)
+    assert "test2016" not in trial
+    lowercased = str(tmp_path / "published_seed2")
+    long.run_trial("published", 2, lowercased, limit=60)
+    with pytest.raises(SystemExit, match="reads lower-cased Moses-tokenized English; the committed model reads"):
+        long.commit(lowercased, str(base), limit=60)
+    assert not base.exists()
+
+    for _ in range(2):  # the second commit replaces version 1 rather than adding version 2
+        path = long.commit(run_dir, str(base), limit=60)
+    assert path == str(base / "1") and sorted(os.listdir(base)) == ["1"]
+    report = json.loads((tmp_path / "raw_tiny_seed2" / "reproduction.json").read_text(encoding="utf-8"))
+    assert report["val"] == trial["val"] and "tok_bleu" in report["test2016"]
+    info = json.loads((base / "1" / "assets" / "export.json").read_text(encoding="utf-8"))
+    metadata = info["metadata"]
+    assert (metadata["trial"], metadata["seed"], metadata["recipe"]["text"]) == ("raw_tiny", 2, "raw")
+    assert metadata["test2016"] == report["test2016"] and metadata["val"] == report["val"]
+    assert metadata["machine"]["flags"] and metadata["input"] == "English as written"
+    assert "--trial raw_tiny --seed 2" in metadata["trial_command"] and "--commit" in metadata["command"]
+    decoding = info["decoding"]
+    assert (decoding["beam_size"], decoding["alpha"]) == (published.BEAM, published.ALPHA)
+    assert decoding["length_penalty"] == published.LENGTH_PENALTY
