@@ -164,10 +164,11 @@ def test_commit_scores_test2016_once_and_replaces_the_committed_version(tmp_path
     assert not base.exists()
 
     for _ in range(2):  # the second commit replaces version 1 rather than adding version 2
-        path = long.commit(run_dir, str(base), limit=60)
+        path = long.commit(run_dir, str(base), limit=60, json_path=str(tmp_path / "committed.json"))
     assert path == str(base / "1") and sorted(os.listdir(base)) == ["1"]
     report = json.loads((tmp_path / "raw_tiny_seed2" / "reproduction.json").read_text(encoding="utf-8"))
     assert report["val"] == trial["val"] and "tok_bleu" in report["test2016"]
+    assert json.loads((tmp_path / "committed.json").read_text(encoding="utf-8")) == dict(report, committed_as=path)
     info = json.loads((base / "1" / "assets" / "export.json").read_text(encoding="utf-8"))
     metadata = info["metadata"]
     assert (metadata["trial"], metadata["seed"], metadata["recipe"]["text"]) == ("raw_tiny", 2, "raw")
