@@ -76,9 +76,9 @@ TRIALS = {
         "needs Moses' lower-casing and tokenization around it). Scored like every run, on its output lower-cased "
         "and Moses-tokenized. It trains from scratch",
     ),
-    "raw_12k_v6000_attn0.1": (
-        dict(text="raw", max_steps=12000, vocab_size=6000, attention_dropout=0.1),
-        "raw_12k with a smaller joint vocabulary and dropout on the attention weights (0.1, the paper's models "
+    "v6000_attn0.1_12k": (
+        dict(max_steps=12000, vocab_size=6000, attention_dropout=0.1),
+        "mini_12k with a smaller joint vocabulary and dropout on the attention weights (0.1; the paper's models "
         "leave it out): Sennrich and Zhang (2019, 'Revisiting Low-Resource Neural Machine Translation') gained "
         "several BLEU on small corpora from fewer BPE merges and more regularization, and 29,000 pairs leave many "
         "of 9,713 pieces rare. Both at once, as a screen on one seed: only a gain well above the spread of seeds "
