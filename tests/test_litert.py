@@ -69,14 +69,14 @@ def litert_path(tmp_path_factory, translator):
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEMO_VOCABULARY = os.path.join(ROOT, "saved_models", "multi30k_en_de", "1", "assets", "spm.model")
+COMMITTED_VOCABULARY = os.path.join(ROOT, "saved_models", "multi30k_en_de", "1", "assets", "spm.model")
 
 
-@pytest.fixture(scope="module", params=["tiny", "demo"])
+@pytest.fixture(scope="module", params=["tiny", "committed"])
 def vocabulary(request, tmp_path_factory, tiny_run_dir):
     """`(tokenizer, max_input_length, runners)`: LiteRT runners of the text functions alone for a vocabulary,
     "ids" (sentences -> source ids) and "texts" (ids -> texts). The tiny run's 400 pieces, and the committed
-    demo model's 8,000, which has the pieces of doubled letters that make BPE's order of equal pairs matter."""
+    model's 9,713, which has the pieces of doubled letters that make BPE's order of equal pairs matter."""
     import tensorflow as tf
 
     from keras_transformer.data.tokenizer import Tokenizer
@@ -87,9 +87,9 @@ def vocabulary(request, tmp_path_factory, tiny_run_dir):
     if request.param == "tiny":
         tokenizer, max_input_length = Tokenizer(os.path.join(tiny_run_dir, "spm.model")), TINY_RUN_MAX_LENGTH
     else:
-        if not os.path.exists(DEMO_VOCABULARY):
-            pytest.skip("no committed demo model")
-        tokenizer, max_input_length = Tokenizer(DEMO_VOCABULARY), 256
+        if not os.path.exists(COMMITTED_VOCABULARY):
+            pytest.skip("no committed model")
+        tokenizer, max_input_length = Tokenizer(COMMITTED_VOCABULARY), 256
     tables = SubwordTables.from_proto(tokenizer.model_proto)
     ids = tf.function(
         lambda inputs: {"ids": litert_text.source_ids(inputs, tables, max_input_length)[0]},
