@@ -73,7 +73,12 @@ def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, m
     ]
 
 
+def _no_training(*args, **kwargs):
+    raise AssertionError("the refusal did not come: the recipe would have trained")
+
+
 def test_the_chosen_recipe_refuses_to_run_before_a_choice_or_on_another_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(published, "run", _no_training)  # a broken refusal fails here rather than training
     monkeypatch.setattr(long, "CHOSEN", None)
     with pytest.raises(SystemExit, match="no recipe chosen"):
         long.run_chosen(0, str(tmp_path / "seed0"))
@@ -88,7 +93,8 @@ def test_the_chosen_recipe_refuses_to_run_before_a_choice_or_on_another_run(monk
         long.run_chosen(0, str(tmp_path / "seed0"))
 
 
-def test_start_from_is_refused_without_a_trial(capsys):
+def test_start_from_is_refused_without_a_trial(capsys, monkeypatch):
+    monkeypatch.setattr(published, "run", _no_training)
     with pytest.raises(SystemExit):
         long.main(["--seed", "0", "--start-from", "runs/long/mini_12k_seed0"])
     assert "--start-from continues a run as a trial: give --trial NAME too" in capsys.readouterr().err
