@@ -78,11 +78,11 @@ TRIALS = {
     ),
     "v6000_attn0.1_12k": (
         dict(max_steps=12000, vocab_size=6000, attention_dropout=0.1),
-        "mini_12k with a smaller joint vocabulary and dropout on the attention weights (0.1; the paper's models "
-        "leave it out): Sennrich and Zhang (2019, 'Revisiting Low-Resource Neural Machine Translation') gained "
-        "several BLEU on small corpora from fewer BPE merges and more regularization, and 29,000 pairs leave many "
-        "of 9,713 pieces rare. Both at once, as a screen on one seed: only a gain well above the spread of seeds "
-        "(0.3 BLEU) goes on to three seeds",
+        "mini_12k with a smaller joint vocabulary and dropout on the attention weights (0.1; the published recipe "
+        "has none): Sennrich and Zhang (2019, 'Revisiting Low-Resource Neural Machine Translation') gained several "
+        "BLEU on small corpora from fewer BPE merges and more regularization (for recurrent models), and 29,000 "
+        "pairs leave many of 9,713 pieces rare. Both at once, as a screen on one seed: only a gain well above the "
+        "spread of seeds (0.3 BLEU) goes on to three seeds",
     ),
 }
 # The trial the validation table picks (None until the trials are in): mini_12k, mean validation BLEU 42.14 over
@@ -215,27 +215,39 @@ def commit(run_dir, base=COMMITTED_MODEL, limit=None, json_path=None):
 
     The committed model is chosen on validation among runs of raw text (`text="raw"`): TF Serving clients send
     sentences as written and read German as written, which a model of lower-cased tokenized text does not give.
-    The run is scored on validation and, once, on test2016, and exported with its search into `run_dir/export`
-    (`published.run`); that export is then written again over `base/<COMMITTED_VERSION>`, replacing the version
-    there (written beside it and renamed). Its `export.json` records the trial, the recipe, the seed, the machine
-    and both scores; `json_path`, if given, receives the run's report (`reproduction.json`) as a results file.
+    The run is scored on validation and test2016 (once per commit: test2016 chooses nothing here) and exported
+    with its search into `run_dir/export` (`published.run`); that export is then written again over
+    `base/<COMMITTED_VERSION>`, replacing the version there (written beside it and renamed). Its `export.json`
+    records the trial, the recipe, the seed, the machine and both scores; `json_path`, if given, receives the
+    run's report as a results file. Everything that can be refused is refused before anything is decoded.
     """
+    from keras_transformer.inference.export_dirs import check_replaceable
     from keras_transformer.inference.saved_model import export_saved_model
 
     paths = [os.path.join(run_dir, name) for name in ("trial.json", "reproduction.json")]
     if not all(os.path.exists(path) for path in paths):
         raise SystemExit(f"long_multi30k: {run_dir} holds no finished trial (its trial.json and reproduction.json)")
-    trial = _read(paths[0])
+    trial, recorded = _read(paths[0]), _read(paths[1])
     recipe = trial_recipe(trial["trial"])
     if recipe["text"] != "raw":
         raise SystemExit(
-            f"long_multi30k: trial {trial['trial']} reads {published.TEXT_FORMS[recipe['text']]}; the committed "
-            f"model reads {published.TEXT_FORMS['raw']}"
+            f"long_multi30k: {run_dir} is trial {trial['trial']}, which reads {published.TEXT_FORMS[recipe['text']]}; "
+            f"the committed model reads {published.TEXT_FORMS['raw']}"
         )
+    trained = {**published.LEGACY_RECIPE, **recorded["recipe"]}
+    changed = sorted(key for key in set(recipe) | set(trained) if recipe.get(key) != trained.get(key))
+    if changed:
+        raise SystemExit(f"long_multi30k: {run_dir} was trained before trial {trial['trial']} changed {changed}")
+    check_replaceable(os.path.join(base, str(COMMITTED_VERSION)))
+    if json_path and not os.path.isdir(os.path.dirname(os.path.abspath(json_path))):
+        raise SystemExit(f"long_multi30k: --json {json_path}: its directory does not exist")
     command = f"python examples/long_multi30k.py --commit {run_dir}"
-    command += (f" --output {base}" if os.fspath(base) != COMMITTED_MODEL else "") + (
-        f" --json {json_path}" if json_path else ""
-    )
+    if os.fspath(base) != COMMITTED_MODEL:
+        command += f" --output {base}"
+    if limit:
+        command += f" --limit {limit}"
+    if json_path:
+        command += f" --json {json_path}"
     report = published.run(
         trial["seed"],
         run_dir,
@@ -294,7 +306,7 @@ def _finished_row(report):
         val_loss=round((report["val_metrics"] or {}).get("loss", float("nan")), 4),
         train_hours=round((report["train_seconds"] or 0) / 3600, 2),
         machine=report["machine"],
-        command=report["command"],
+        command=report.get("trial_command") or report["command"],
         date=report["date"],
     )
 
@@ -373,11 +385,14 @@ def main(argv=None):
     parser.add_argument(
         "--commit",
         metavar="RUN_DIR",
-        help=f"score this finished trial run on test2016 and export it over {COMMITTED_MODEL}/{COMMITTED_VERSION}",
+        help=f"score this finished trial run on test2016 and export it over version {COMMITTED_VERSION} of --output "
+        f"(default {COMMITTED_MODEL})",
     )
     parser.add_argument("--json", help="with --table, --summarize or --commit: write the result here")
     parser.add_argument("--plot", help="with --summarize: the runs' validation curves (PNG)")
     namespace = parser.parse_args(argv)
+    if namespace.commit and namespace.limit and not namespace.output:
+        parser.error("--commit with --limit scores a few sentences: give --output, not the committed model's directory")
     if namespace.start_from and not namespace.trial:
         parser.error("--start-from continues a run as a trial: give --trial NAME too")
     if namespace.table:

@@ -295,8 +295,10 @@ def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], c
         report["export_path"] = str(path)
     report["wall_seconds_this_process"] = round(time.perf_counter() - started, 1)
     report["earlier_searches"] = earlier_searches(output, report)
-    with open(os.path.join(output, "reproduction.json"), "w", encoding="utf-8") as f:
+    report_path = os.path.join(output, "reproduction.json")
+    with open(report_path + ".tmp", "w", encoding="utf-8") as f:  # whole or as before: a crash keeps the last one
         json.dump(report, f, indent=2, ensure_ascii=False)
+    os.replace(report_path + ".tmp", report_path)
     scores = ", ".join(f"{split} {report[split]['tok_bleu']:.2f}" for split in splits)
     print(f"seed {seed}: {scores} (lower-cased tokenized BLEU; published test2016 {PUBLISHED['test2016']})")
     return report

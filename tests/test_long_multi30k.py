@@ -148,33 +148,54 @@ def _arrays(path):
     return arrays
 
 
-def test_commit_scores_test2016_once_and_replaces_the_committed_version(tmp_path, monkeypatch):
+def test_commit_refuses_before_decoding_anything(tmp_path, monkeypatch, capsys):
+    """`--commit` refuses an unfinished run, a run of lower-cased text, a run its trial has changed since, and a
+    base whose version 1 is not an export (which stays as it was), before anything is scored."""
+    monkeypatch.setattr(published, "run", _no_training)
+    monkeypatch.setitem(long.TRIALS, "raw_tiny", (dict(text="raw"), "a test"))
+    run_dir, base = tmp_path / "raw_tiny_seed2", tmp_path / "saved_models" / "m"
+    run_dir.mkdir()
+    with pytest.raises(SystemExit, match=f"{run_dir} holds no finished trial"):
+        long.commit(str(run_dir), str(base))
+    (run_dir / "trial.json").write_text(json.dumps(dict(trial="raw_tiny", seed=2, command="c")), encoding="utf-8")
+    recipe = long.trial_recipe("raw_tiny")
+    (run_dir / "reproduction.json").write_text(json.dumps(dict(recipe=recipe)), encoding="utf-8")
+    (base / "1").mkdir(parents=True)
+    (base / "1" / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(FileExistsError, match="is not a keras-transformer export"):
+        long.commit(str(run_dir), str(base))
+    assert (base / "1" / "notes.txt").read_text(encoding="utf-8") == "mine"
+    monkeypatch.setitem(long.TRIALS, "raw_tiny", (dict(text="raw", max_steps=9), "a test, changed"))
+    with pytest.raises(SystemExit, match=r"was trained before trial raw_tiny changed \['max_steps'\]"):
+        long.commit(str(run_dir), str(base))
+    (run_dir / "trial.json").write_text(json.dumps(dict(trial="published", seed=2, command="c")), encoding="utf-8")
+    with pytest.raises(SystemExit, match="is trial published, which reads lower-cased Moses-tokenized English"):
+        long.commit(str(run_dir), str(base))
+    with pytest.raises(SystemExit):
+        long.main(["--commit", str(run_dir), "--limit", "5"])
+    assert "--commit with --limit scores a few sentences: give --output" in capsys.readouterr().err
+
+
+def test_commit_scores_test2016_and_replaces_the_committed_version(tmp_path, monkeypatch):
     """`--commit`: a finished run of raw text is scored on test2016 and exported over version 1 of the base
-    directory with its trial, recipe, seed, machine and scores; a run of lower-cased text or an unfinished one is
-    refused."""
+    directory (again: replaced, not added beside) with its trial, recipe, seed, machine and scores; the trials
+    table keeps the trial's own command."""
     tiny = dict(
         preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=None, precision="float32"
     )
     for key, value in tiny.items():
         monkeypatch.setitem(published.RECIPE, key, value)
     monkeypatch.setitem(long.TRIALS, "raw_tiny", (dict(text="raw"), "a test"))
-    base, run_dir = tmp_path / "saved_models" / "m", str(tmp_path / "raw_tiny_seed2")
-    with pytest.raises(SystemExit, match="holds no finished trial"):
-        long.commit(run_dir, str(base), limit=60)
+    base, run_dir = tmp_path / "saved_models" / "m", str(tmp_path / "runs" / "raw_tiny_seed2")
     trial = long.run_trial("raw_tiny", 2, run_dir, limit=60)
     assert "test2016" not in trial
-    lowercased = str(tmp_path / "published_seed2")
-    long.run_trial("published", 2, lowercased, limit=60)
-    with pytest.raises(SystemExit, match="reads lower-cased Moses-tokenized English; the committed model reads"):
-        long.commit(lowercased, str(base), limit=60)
-    assert not base.exists()
-
     for _ in range(2):  # the second commit replaces version 1 rather than adding version 2
         path = long.commit(run_dir, str(base), limit=60, json_path=str(tmp_path / "committed.json"))
     assert path == str(base / "1") and sorted(os.listdir(base)) == ["1"]
-    report = json.loads((tmp_path / "raw_tiny_seed2" / "reproduction.json").read_text(encoding="utf-8"))
+    report = json.loads((tmp_path / "runs" / "raw_tiny_seed2" / "reproduction.json").read_text(encoding="utf-8"))
     assert report["val"] == trial["val"] and "tok_bleu" in report["test2016"]
     assert json.loads((tmp_path / "committed.json").read_text(encoding="utf-8")) == dict(report, committed_as=path)
+    assert "--limit 60" in report["command"] and f"--output {base}" in report["command"]
     info = json.loads((base / "1" / "assets" / "export.json").read_text(encoding="utf-8"))
     metadata = info["metadata"]
     assert (metadata["trial"], metadata["seed"], metadata["recipe"]["text"]) == ("raw_tiny", 2, "raw")
@@ -184,3 +205,5 @@ def test_commit_scores_test2016_once_and_replaces_the_committed_version(tmp_path
     decoding = info["decoding"]
     assert (decoding["beam_size"], decoding["alpha"]) == (published.BEAM, published.ALPHA)
     assert decoding["length_penalty"] == published.LENGTH_PENALTY
+    (row,) = long.trial_rows([str(tmp_path / "runs")])
+    assert row["command"] == trial["command"]
