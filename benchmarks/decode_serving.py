@@ -1,9 +1,9 @@
 """Translating real text through the exported SavedModel against CTranslate2, each in its own process.
 
 Workload: Multi30k test2016 (1,000 English sentences, shipped with the
-package) translated by the trained demo model (`RUN_DIR`, default
+package) translated by a trained model (`RUN_DIR`, default the demo's
 `runs/multi30k_en_de`, or an exported version such as the committed
-`saved_models/multi30k_en_de/1`) with beam 4, length penalty 0.6 and at most source +
+`saved_models/multi30k_en_de/1`) with beam 4, GNMT's length penalty 0.6 and at most source +
 50 tokens (§6.1). Systems, each a fresh process (`serving_worker.py`):
 
 * ours: the run exported with `export_saved_model(..., beam_size=4,
@@ -69,6 +69,8 @@ common.quiet_tensorflow()
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serving_worker.py")
 BEAM_SIZE, ALPHA = 4, 0.6  # §6.1
+# GNMT's penalty (the SavedModel's default) whatever the source recorded: a re-export keeps a recorded one.
+LENGTH_PENALTY = "gnmt"
 # (sentences per request, requests in flight, intra-op threads, inter-op threads); None: TensorFlow's pools
 # (a thread per core in each). One intra-op thread per request in flight runs each request on a core of its own,
 # as CTranslate2's inter_threads do (TF Serving: --tensorflow_intra_op_parallelism / _inter_op_parallelism).
@@ -199,7 +201,13 @@ def prepare_models(source, work_dir, precisions=("float32", "bfloat16"), litert=
     paths = {}
     for precision in precisions:
         paths[precision] = export_saved_model(
-            source, os.path.join(work_dir, precision), version=1, beam_size=BEAM_SIZE, alpha=ALPHA, dtype=precision
+            source,
+            os.path.join(work_dir, precision),
+            version=1,
+            beam_size=BEAM_SIZE,
+            alpha=ALPHA,
+            length_penalty=LENGTH_PENALTY,
+            dtype=precision,
         )
     if "bfloat16" in precisions:  # not the default: fairseq's stopping rule, to show what the exact one costs
         paths["bfloat16 k_finished"] = export_saved_model(
@@ -208,10 +216,11 @@ def prepare_models(source, work_dir, precisions=("float32", "bfloat16"), litert=
             version=1,
             beam_size=BEAM_SIZE,
             alpha=ALPHA,
+            length_penalty=LENGTH_PENALTY,
             dtype="bfloat16",
             early_stopping="k_finished",
         )
-    decoding = DecodingOptions(beam_size=BEAM_SIZE, alpha=ALPHA)
+    decoding = DecodingOptions(beam_size=BEAM_SIZE, alpha=ALPHA, length_penalty=LENGTH_PENALTY)
     for weights in litert:
         path = os.path.join(work_dir, f"litert_{weights}.tflite")
         paths[f"litert {weights}"] = export_litert(

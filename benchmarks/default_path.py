@@ -12,9 +12,9 @@ medians, and the median of paired ratios new/old). It reports whether the
 translations are identical, sentence by sentence.
 
 Usage:
-    .venv/bin/python benchmarks/default_path.py saved_models/multi30k_en_de/1 --old 21977a1 \\
+    .venv/bin/python benchmarks/default_path.py runs/multi30k_en_de --old 21977a1 \\
         --json benchmarks/results/amd_epyc_zen5/default_path.json
-    .venv/bin/python benchmarks/default_path.py saved_models/multi30k_en_de/1 --old HEAD~5 --sentences 50 --repeats 1
+    .venv/bin/python benchmarks/default_path.py runs/multi30k_en_de --old HEAD~5 --sentences 50 --repeats 1
 """
 
 import argparse

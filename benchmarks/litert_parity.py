@@ -1,6 +1,6 @@
 """Translate Multi30k with a SavedModel and its LiteRT files: the same translations? the same BLEU? how large?
 
-The SavedModel (a version directory, e.g. the committed demo model) is
+The SavedModel (a version directory, e.g. the committed model) is
 converted to LiteRT files (`export_litert`: float32, and with `--quantize
 int8` its dynamic-range quantization), and each translates a Multi30k split
 (default test2016) as `keras-transformer translate --model` would: the

@@ -127,7 +127,10 @@ def keras_int8_engine(model, sentences, batch_size, workers):
     from keras_transformer.inference.export_dirs import is_export_dir
     from keras_transformer.inference.export_sources import DecodingOptions, translator_of_export, translator_of_run
 
-    decoding = DecodingOptions(beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_extra_length=EXTRA_LENGTH)
+    # GNMT's penalty whatever the source recorded (an export with fairseq's would keep it otherwise).
+    decoding = DecodingOptions(
+        beam_size=BEAM_SIZE, alpha=LENGTH_PENALTY, max_extra_length=EXTRA_LENGTH, length_penalty="gnmt"
+    )
     load = translator_of_export if is_export_dir(model) else translator_of_run
     translator = load(model, decoding, dtype="float32")
     translator.model.quantize("int8")

@@ -297,7 +297,7 @@ def main(argv=None):
             )
         }
         metadata[namespace.eval_split] = {key: scores[key] for key in scores}
-        # float32: the committed model must serve at full speed on any CPU (`keras-transformer export`'s
+        # float32: the exported model must serve at full speed on any CPU (`keras-transformer export`'s
         # default, --precision auto, would write bfloat16 on a CPU with AVX512_BF16).
         path = export_saved_model(
             result.run_dir,
