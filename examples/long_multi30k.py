@@ -27,6 +27,8 @@ Run:
     python examples/long_multi30k.py --seed 0 --output runs/long/seed0         # the chosen recipe
     python examples/long_multi30k.py --summarize runs/long/seed0 runs/long/seed1 runs/long/seed2 \\
         --json benchmarks/results/<cpu>/long_multi30k.json --plot benchmarks/results/<cpu>/long_multi30k.png
+    python examples/long_multi30k.py --ensembles runs/long/mini_12k_seed0,runs/long/mini_12k_seed1 \\
+        --json benchmarks/results/<cpu>/long_ensembles.json                   # what ensembles would gain
     python examples/long_multi30k.py --commit runs/long/raw_12k_seed0 \\
         --json benchmarks/results/<cpu>/committed_model.json                   # the committed model
 """
@@ -263,6 +265,57 @@ def commit(run_dir, base=COMMITTED_MODEL, limit=None, json_path=None):
     return path
 
 
+def ensembles(groups, json_path=None):
+    """Validation BLEU of ensembles of finished runs, each against its members alone; returns the rows.
+
+    Evidence for what could close the gap to 42.0, not a recipe: each member is a run of its own, so an ensemble
+    costs the sum of its members' training. Each group (two or more run directories of one text form) decodes
+    validation with the recipe's search, the models' log-probabilities averaged at every step
+    (`keras_transformer.Ensemble`); test2016 is not decoded.
+    """
+    import shutil
+    import statistics
+    import tempfile
+
+    from keras_transformer.inference.ensembles import ensemble_translator
+
+    rows = []
+    for group in groups:
+        reports = [_read(os.path.join(run, "reproduction.json")) for run in group]
+        forms = {{**published.LEGACY_RECIPE, **r["recipe"]}["text"] for r in reports}
+        if len(forms) > 1:
+            raise SystemExit(f"long_multi30k: the runs {', '.join(group)} read different text forms {sorted(forms)}")
+        translator = ensemble_translator(
+            group, beam_size=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY
+        )
+        with tempfile.TemporaryDirectory() as scratch:
+            os.makedirs(os.path.join(scratch, "data"))
+            shutil.copy(os.path.join(group[0], "data", "val.en"), os.path.join(scratch, "data", "val.en"))
+            with open(os.path.join(scratch, "data", "val.en"), encoding="utf-8") as f:
+                limit = len(f.read().splitlines())  # the runs' own validation split (`--limit` shortens it)
+            bleu = published.translate_and_score(translator, scratch, "val", limit, text=forms.pop())["tok_bleu"]
+        members = [r["val"]["tok_bleu"] for r in reports]
+        rows.append(
+            dict(
+                runs=list(group),
+                trials=[r.get("trial", "published") for r in reports],
+                seeds=[r["seed"] for r in reports],
+                members_val_tok_bleu=members,
+                val_tok_bleu=bleu,
+                gain_over_members_mean=round(bleu - statistics.mean(members), 2),
+                train_hours=round(sum((r["train_seconds"] or 0) for r in reports) / 3600, 2),
+            )
+        )
+        print(f"{' + '.join(group)}: val {bleu:.2f} (members {' / '.join(f'{m:.2f}' for m in members)})")
+    if json_path:
+        command = "python examples/long_multi30k.py --ensembles " + " ".join(",".join(g) for g in groups)
+        _write(json_path, dict(command=f"{command} --json {json_path}", date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                               versions=published.versions(), machine=published.machine(),
+                               search=dict(beam=published.BEAM, alpha=published.ALPHA,
+                                           length_penalty=published.LENGTH_PENALTY), rows=rows))  # fmt: skip
+    return rows
+
+
 def trial_rows(roots):
     """One row per trial run under the directories `roots` (any depth), sorted by trial and seed.
 
@@ -388,7 +441,13 @@ def main(argv=None):
         help=f"score this finished trial run on test2016 and export it over version {COMMITTED_VERSION} of --output "
         f"(default {COMMITTED_MODEL})",
     )
-    parser.add_argument("--json", help="with --table, --summarize or --commit: write the result here")
+    parser.add_argument(
+        "--ensembles",
+        nargs="+",
+        metavar="RUN,RUN[,...]",
+        help="validation BLEU of each group of finished runs ensembled, against its members (no test2016)",
+    )
+    parser.add_argument("--json", help="with --table, --summarize, --commit or --ensembles: write the result here")
     parser.add_argument("--plot", help="with --summarize: the runs' validation curves (PNG)")
     namespace = parser.parse_args(argv)
     if namespace.commit and namespace.limit and not namespace.output:
@@ -397,6 +456,8 @@ def main(argv=None):
         parser.error("--start-from continues a run as a trial: give --trial NAME too")
     if namespace.table:
         table(namespace.table, namespace.json)
+    elif namespace.ensembles:
+        ensembles([group.split(",") for group in namespace.ensembles], namespace.json)
     elif namespace.commit:
         commit(namespace.commit, namespace.output or COMMITTED_MODEL, namespace.limit, namespace.json)
     elif namespace.summarize:

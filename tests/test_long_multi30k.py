@@ -207,3 +207,26 @@ def test_commit_scores_test2016_and_replaces_the_committed_version(tmp_path, mon
     assert decoding["length_penalty"] == published.LENGTH_PENALTY
     (row,) = long.trial_rows([str(tmp_path / "runs")])
     assert row["command"] == trial["command"]
+
+
+def test_ensembles_score_validation_and_a_run_with_itself_scores_as_alone(tmp_path, monkeypatch):
+    """`--ensembles`: a run ensembled with itself decodes validation exactly as alone (its log-probabilities
+    averaged with themselves), so the row's gain is 0; runs of different text forms are refused."""
+    tiny = dict(
+        preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=None, precision="float32"
+    )
+    for key, value in tiny.items():
+        monkeypatch.setitem(published.RECIPE, key, value)
+    run = str(tmp_path / "published_seed1")
+    report = long.run_trial("published", 1, run, limit=60)
+    (row,) = long.ensembles([[run, run]], str(tmp_path / "ensembles.json"))
+    assert row["val_tok_bleu"] == report["val"]["tok_bleu"] and row["gain_over_members_mean"] == 0.0
+    assert row["members_val_tok_bleu"] == [report["val"]["tok_bleu"]] * 2 and row["seeds"] == [1, 1]
+    written = json.loads((tmp_path / "ensembles.json").read_text(encoding="utf-8"))
+    assert written["rows"] == [row] and f"--ensembles {run},{run}" in written["command"]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    raw_report = dict(report, recipe=dict(report["recipe"], text="raw"))
+    (raw / "reproduction.json").write_text(json.dumps(raw_report), encoding="utf-8")
+    with pytest.raises(SystemExit, match="read different text forms"):
+        long.ensembles([[run, str(raw)]])
