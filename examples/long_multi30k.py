@@ -152,14 +152,11 @@ def start_from(run_dir, name, seed, output, command):
     if os.path.exists(output):
         raise SystemExit(f"long_multi30k: {output} exists and is not a trial's run; --start-from makes a new one")
     source = _read(os.path.join(run_dir, "reproduction.json"))
-    source["recipe"] = {**published.LEGACY_RECIPE, **source["recipe"]}
+    trained = _recipe_of(source)
     step = _read(os.path.join(run_dir, "backup", "state.json"))["step"]
-    recipe, differences = trial_recipe(name), []
-    for key in sorted(set(recipe) | set(source["recipe"])):
-        before, after = source["recipe"].get(key), recipe.get(key)
-        later_only = key in PREFIX_OPTIONS and not (key == "cooldown" and before)
-        if before != after and not later_only:
-            differences.append(f"{key} ({before!r} -> {after!r})")
+    recipe = trial_recipe(name)
+    later_only = [key for key in PREFIX_OPTIONS if not (key == "cooldown" and trained.get(key))]
+    differences = _recipe_differences(trained, recipe, allowed=later_only)
     cooldown = recipe.get("cooldown", 0.0)
     if source["seed"] != seed:
         differences.append(f"seed ({source['seed']} -> {seed})")
@@ -236,10 +233,11 @@ def commit(run_dir, base=COMMITTED_MODEL, limit=None, json_path=None):
             f"long_multi30k: {run_dir} is trial {trial['trial']}, which reads {published.TEXT_FORMS[recipe['text']]}; "
             f"the committed model reads {published.TEXT_FORMS['raw']}"
         )
-    trained = {**published.LEGACY_RECIPE, **recorded["recipe"]}
-    changed = sorted(key for key in set(recipe) | set(trained) if recipe.get(key) != trained.get(key))
+    changed = _recipe_differences(_recipe_of(recorded), recipe)
     if changed:
-        raise SystemExit(f"long_multi30k: {run_dir} was trained before trial {trial['trial']} changed {changed}")
+        raise SystemExit(
+            f"long_multi30k: {run_dir} was trained before trial {trial['trial']} changed: {'; '.join(changed)}"
+        )
     check_replaceable(os.path.join(base, str(COMMITTED_VERSION)))
     if json_path and not os.path.isdir(os.path.dirname(os.path.abspath(json_path))):
         raise SystemExit(f"long_multi30k: --json {json_path}: its directory does not exist")
@@ -282,17 +280,18 @@ def ensembles(groups, json_path=None):
     rows = []
     for group in groups:
         reports = [_read(os.path.join(run, "reproduction.json")) for run in group]
-        forms = {{**published.LEGACY_RECIPE, **r["recipe"]}["text"] for r in reports}
+        forms = {_recipe_of(report)["text"] for report in reports}
         if len(forms) > 1:
             raise SystemExit(f"long_multi30k: the runs {', '.join(group)} read different text forms {sorted(forms)}")
         translator = ensemble_translator(
             group, beam_size=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY
         )
-        with tempfile.TemporaryDirectory() as scratch:
+        sources = os.path.join(group[0], "data", "val.en")
+        with open(sources, encoding="utf-8") as f:
+            limit = len(f.read().splitlines())  # the runs' own validation split (`--limit` shortens it)
+        with tempfile.TemporaryDirectory() as scratch:  # `translate_and_score` writes its hypotheses beside the data
             os.makedirs(os.path.join(scratch, "data"))
-            shutil.copy(os.path.join(group[0], "data", "val.en"), os.path.join(scratch, "data", "val.en"))
-            with open(os.path.join(scratch, "data", "val.en"), encoding="utf-8") as f:
-                limit = len(f.read().splitlines())  # the runs' own validation split (`--limit` shortens it)
+            shutil.copy(sources, os.path.join(scratch, "data", "val.en"))
             bleu = published.translate_and_score(translator, scratch, "val", limit, text=forms.pop())["tok_bleu"]
         members = [r["val"]["tok_bleu"] for r in reports]
         rows.append(
@@ -337,13 +336,27 @@ def trial_rows(roots):
     return sorted(rows, key=lambda row: (row["trial"], row["seed"]))
 
 
+def _recipe_of(report):
+    """The recipe a run's report records, with the defaults of options added since it was written."""
+    return {**published.LEGACY_RECIPE, **report["recipe"]}
+
+
+def _recipe_differences(trained, recipe, allowed=()):
+    """Each option, outside `allowed`, whose value in `recipe` differs from the `trained` one, as "key (a -> b)"."""
+    keys = sorted(key for key in set(recipe) | set(trained) if key not in allowed)
+    return [
+        f"{key} ({trained.get(key)!r} -> {recipe.get(key)!r})" for key in keys if trained.get(key) != recipe.get(key)
+    ]
+
+
 def _changes(recipe):
-    recipe = {**published.LEGACY_RECIPE, **recipe}
+    """The options in which `recipe` (every option, as `_recipe_of` or `trial_recipe` gives) differs from the
+    published recipe."""
     return {key: value for key, value in recipe.items() if published.RECIPE.get(key) != value}
 
 
 def _finished_row(report):
-    changes = _changes(report["recipe"])
+    changes = _changes(_recipe_of(report))
     trial = report.get("trial") or ("published" if not changes else None)
     if trial is None:
         return None
@@ -421,7 +434,7 @@ def _write(path, data):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trial", choices=sorted(TRIALS), help="train one trial, scored on validation only")
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights, dropout and data order (default 0)")
+    parser.add_argument("--seed", type=int, help="seed of weights, dropout and data order (default 0)")
     parser.add_argument(
         "--output",
         help=f"run directory (default runs/long/TRIAL_seedN, or runs/long/seedN); with --commit, the model's base "
@@ -452,6 +465,10 @@ def main(argv=None):
     namespace = parser.parse_args(argv)
     if namespace.commit and namespace.limit and not namespace.output:
         parser.error("--commit with --limit scores a few sentences: give --output, not the committed model's directory")
+    for flag in ("trial", "seed", "plot"):
+        if namespace.commit and getattr(namespace, flag) is not None:
+            parser.error(f"--commit takes the run's own trial and seed and plots nothing: drop --{flag}")
+    namespace.seed = namespace.seed or 0
     if namespace.start_from and not namespace.trial:
         parser.error("--start-from continues a run as a trial: give --trial NAME too")
     if namespace.table:

@@ -166,7 +166,7 @@ def test_commit_refuses_before_decoding_anything(tmp_path, monkeypatch, capsys):
         long.commit(str(run_dir), str(base))
     assert (base / "1" / "notes.txt").read_text(encoding="utf-8") == "mine"
     monkeypatch.setitem(long.TRIALS, "raw_tiny", (dict(text="raw", max_steps=9), "a test, changed"))
-    with pytest.raises(SystemExit, match=r"was trained before trial raw_tiny changed \['max_steps'\]"):
+    with pytest.raises(SystemExit, match=r"was trained before trial raw_tiny changed: max_steps \(8000 -> 9\)$"):
         long.commit(str(run_dir), str(base))
     (run_dir / "trial.json").write_text(json.dumps(dict(trial="published", seed=2, command="c")), encoding="utf-8")
     with pytest.raises(SystemExit, match="is trial published, which reads lower-cased Moses-tokenized English"):
@@ -174,6 +174,12 @@ def test_commit_refuses_before_decoding_anything(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         long.main(["--commit", str(run_dir), "--limit", "5"])
     assert "--commit with --limit scores a few sentences: give --output" in capsys.readouterr().err
+    for flags in (["--trial", "raw_tiny"], ["--seed", "0"], ["--plot", "p.png"]):
+        with pytest.raises(SystemExit):
+            long.main(["--commit", str(run_dir), *flags])
+        assert (
+            f"--commit takes the run's own trial and seed and plots nothing: drop {flags[0]}" in capsys.readouterr().err
+        )
 
 
 def test_commit_scores_test2016_and_replaces_the_committed_version(tmp_path, monkeypatch):
