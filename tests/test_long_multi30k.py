@@ -27,7 +27,8 @@ def test_every_trial_changes_only_training_options_and_says_why():
     with pytest.raises(SystemExit, match="unknown trial 'nope'"):
         long.trial_recipe("nope")
     # A report written before the recipe named its text form had the published one.
-    assert long._changes({key: value for key, value in published.RECIPE.items() if key != "text"}) == {}
+    legacy = long._recipe_of(dict(recipe={key: value for key, value in published.RECIPE.items() if key != "text"}))
+    assert legacy["text"] == "lowercased_tokenized" and long._changes(legacy) == {}
     assert long._changes(long.trial_recipe("raw_12k"))["text"] == "raw"
 
 
