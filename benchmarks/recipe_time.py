@@ -79,10 +79,15 @@ def worker(trial, updates, skip, output, limit):
     result = dict(
         seconds_per_update=seconds_per_update(marks, skip),
         updates=marks[-1][0],
-        dtype_policy=keras.config.dtype_policy().name,
+        dtype_policy=_read_json(os.path.join(output, "config.json"))["precision"],  # what "auto" picked
         steps_per_epoch=args.checkpoint_every,
     )
     print("\n" + json.dumps(result))  # after the progress bar's last line
+
+
+def _read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def calibration(env):

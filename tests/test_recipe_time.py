@@ -49,13 +49,13 @@ def test_summary_scales_the_emulated_hours_by_the_calibration():
 
 
 def test_the_worker_trains_the_recipe_and_times_its_updates(tmp_path, monkeypatch, capsys):
-    tiny = dict(preset="tiny", vocab_size=400, batch_tokens=256, validate_bleu_every=None, precision="float32")
+    tiny = dict(preset="tiny", vocab_size=400, batch_tokens=256, validate_bleu_every=None, precision="mixed_bfloat16")
     for key, value in tiny.items():
         monkeypatch.setitem(published.RECIPE, key, value)
     recipe_time.worker("published", updates=5, skip=2, output=str(tmp_path / "run"), limit=60)
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["updates"] == 5 and result["seconds_per_update"] > 0
-    assert result["dtype_policy"] == "float32" and result["steps_per_epoch"] >= 1
+    assert result["dtype_policy"] == "mixed_bfloat16" and result["steps_per_epoch"] >= 1  # the run's, not the default
 
 
 def test_skip_must_leave_updates_to_time():
