@@ -173,18 +173,9 @@ def main(argv=None):
     print(json.dumps(result, indent=2))
     if args.json:
         machine["load_average_at_end"] = common.load_average()
-        payload = dict(
-            benchmark="recipe_time",
-            command="python benchmarks/recipe_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            cpu_flags=common.cpu_flags(),
-            machine=machine,
-            versions=common.package_versions(["tensorflow", "keras", "keras-transformer"]),
-            args=vars(args),
-            **result,
-        )
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(payload, f, indent=2)
+        versions = common.package_versions(["tensorflow", "keras", "keras-transformer"])
+        payload = dict(benchmark="recipe_time", machine=machine, versions=versions, args=vars(args), **result)
+        common.write_json(args.json, payload)  # with its command, commit, date and CPU flags
     return 0
 
 

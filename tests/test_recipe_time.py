@@ -61,3 +61,13 @@ def test_the_worker_trains_the_recipe_and_times_its_updates(tmp_path, monkeypatc
 def test_skip_must_leave_updates_to_time():
     with pytest.raises(SystemExit):
         recipe_time.main(["--updates", "10", "--skip", "10"])
+
+
+def test_results_file_records_its_provenance(tmp_path, monkeypatch):
+    rows = {name: [dict(seconds_per_update=1.0, dtype_policy="float32")] for name in recipe_time.SETTINGS}
+    monkeypatch.setattr(recipe_time, "measure", lambda args: rows)
+    path = tmp_path / "recipe_time.json"
+    recipe_time.main(["--updates", "100", "--json", str(path)])
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    assert payload["command"].startswith("python ") and "commit" in payload and payload["cpu_flags"]
+    assert payload["settings"]["avx2"]["run_hours"] == round(payload["max_steps"] / 3600, 2)
