@@ -155,7 +155,8 @@ def start_from(run_dir, name, seed, output, command):
     trained = _recipe_of(source)
     step = _read(os.path.join(run_dir, "backup", "state.json"))["step"]
     recipe = trial_recipe(name)
-    later_only = [key for key in PREFIX_OPTIONS if not (key == "cooldown" and trained.get(key))]
+    # A run that cooled down has spent its schedule: more updates or another cooldown change its rate before its end.
+    later_only = () if trained.get("cooldown") else PREFIX_OPTIONS
     differences = _recipe_differences(trained, recipe, allowed=later_only)
     cooldown = recipe.get("cooldown", 0.0)
     if source["seed"] != seed:
@@ -465,9 +466,11 @@ def main(argv=None):
     namespace = parser.parse_args(argv)
     if namespace.commit and namespace.limit and not namespace.output:
         parser.error("--commit with --limit scores a few sentences: give --output, not the committed model's directory")
-    for flag in ("trial", "seed", "plot"):
+    for flag in ("trial", "seed", "plot", "start_from"):
         if namespace.commit and getattr(namespace, flag) is not None:
-            parser.error(f"--commit takes the run's own trial and seed and plots nothing: drop --{flag}")
+            parser.error(
+                f"--commit takes the run's own trial and seed and plots nothing: drop --{flag.replace('_', '-')}"
+            )
     namespace.seed = namespace.seed or 0
     if namespace.start_from and not namespace.trial:
         parser.error("--start-from continues a run as a trial: give --trial NAME too")

@@ -101,6 +101,30 @@ def test_start_from_is_refused_without_a_trial(capsys, monkeypatch):
     assert "--start-from continues a run as a trial: give --trial NAME too" in capsys.readouterr().err
 
 
+def test_a_run_that_cooled_down_is_not_continued(tmp_path, monkeypatch):
+    """Its rate fell to zero by its last update: a trial with more updates would have run at a higher rate there."""
+    monkeypatch.setattr(published, "run", _no_training)
+    run_dir = tmp_path / "cooled"
+    (run_dir / "backup").mkdir(parents=True)
+    recipe = dict(long.trial_recipe("published"), max_steps=15, cooldown=0.2)
+    (run_dir / "reproduction.json").write_text(json.dumps(dict(seed=0, recipe=recipe)), encoding="utf-8")
+    (run_dir / "backup" / "state.json").write_text(json.dumps(dict(step=15)), encoding="utf-8")
+    monkeypatch.setitem(long.TRIALS, "more", (dict(max_steps=20, cooldown=0.2), "a test"))
+    with pytest.raises(SystemExit, match=r"cannot start from .*cooled: max_steps \(15 -> 20\)"):
+        long.run_trial("more", 0, str(tmp_path / "more"), from_run=str(run_dir))
+    assert not (tmp_path / "more").exists()
+
+
+def test_main_trains_seed_0_unless_told(monkeypatch):
+    seen = []
+    monkeypatch.setattr(long, "run_trial", lambda name, seed, output, *rest: seen.append((name, seed, output)))
+    monkeypatch.setattr(long, "run_chosen", lambda seed, output, limit: seen.append((seed, output)))
+    long.main(["--trial", "published"])
+    long.main([])
+    long.main(["--seed", "2"])
+    assert seen == [("published", 0, "runs/long/published_seed0"), (0, "runs/long/seed0"), (2, "runs/long/seed2")]
+
+
 def test_a_trial_started_from_a_run_is_that_trial_interrupted_where_the_run_ended(tmp_path, monkeypatch):
     """`--start-from`: a 6-update trial whose cooldown starts after update 4, continued from a finished 4-update
     run of the same seed, ends exactly where the same trial trained from scratch ends when it is interrupted
@@ -175,7 +199,7 @@ def test_commit_refuses_before_decoding_anything(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         long.main(["--commit", str(run_dir), "--limit", "5"])
     assert "--commit with --limit scores a few sentences: give --output" in capsys.readouterr().err
-    for flags in (["--trial", "raw_tiny"], ["--seed", "0"], ["--plot", "p.png"]):
+    for flags in (["--trial", "raw_tiny"], ["--seed", "0"], ["--plot", "p.png"], ["--start-from", "r"]):
         with pytest.raises(SystemExit):
             long.main(["--commit", str(run_dir), *flags])
         assert (
