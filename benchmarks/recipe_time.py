@@ -78,8 +78,7 @@ def worker(trial, epochs, output, limit):
 
     from keras_transformer import training
 
-    recipe = {**published.LEGACY_RECIPE, **long_multi30k.trial_recipe(trial)}
-    args = published.training_args(0, output, limit, recipe)
+    args = published.training_args(0, output, limit, long_multi30k.trial_recipe(trial))
     first, last = timed_window(args.checkpoint_every, epochs)
     args = dataclasses.replace(args, max_steps=last)
     marks = []
@@ -103,10 +102,14 @@ def _read_json(path):
         return json.load(f)
 
 
+def _ours_fp32_tokens(path):
+    """The median tokens/s of "ours fp32" in a `train_throughput.py` results file."""
+    return next(row for row in _read_json(path)["results"] if row["name"] == "ours fp32")["median"]["tokens"]
+
+
 def calibration(env):
     """`train_throughput.py`'s float32 small model under `env`, against the committed real-AVX2 figure."""
-    with open(REAL_AVX2, encoding="utf-8") as f:
-        real = next(row for row in json.load(f)["results"] if row["name"] == "ours fp32")["median"]["tokens"]
+    real = _ours_fp32_tokens(REAL_AVX2)
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "train.json")
         command = [sys.executable, os.path.join(HERE, "train_throughput.py"), "--only", "ours", "--precisions",
@@ -114,8 +117,7 @@ def calibration(env):
         completed = subprocess.run(command, env=env, capture_output=True, text=True)
         if completed.returncode != 0:
             raise RuntimeError(f"train_throughput.py failed (exit {completed.returncode}):\n{completed.stderr[-2000:]}")
-        with open(path, encoding="utf-8") as f:
-            emulated = next(row for row in json.load(f)["results"] if row["name"] == "ours fp32")["median"]["tokens"]
+        emulated = _ours_fp32_tokens(path)
     return dict(real_avx2_tokens_per_sec=real, emulated_tokens_per_sec=emulated, emulated_over_real=emulated / real)
 
 
@@ -144,6 +146,7 @@ def summary(args, rows, recipe_steps, calibrated):
         settings[name] = dict(
             env=SETTINGS[name],
             dtype_policy=results[0]["dtype_policy"],
+            timed_updates=results[0].get("timed_updates"),  # the window [first, last] of every round
             seconds_per_update=[round(row["seconds_per_update"], 4) for row in results],
             median_seconds_per_update=round(medians[name], 4),
             run_hours={recipe: round(medians[name] * steps / 3600, 2) for recipe, steps in recipe_steps.items()},

@@ -49,8 +49,8 @@ def test_the_avx2_setting_caps_onednn_so_a_bfloat16_cpu_trains_in_float32(monkey
 
 def test_summary_gives_each_recipe_s_hours_and_scales_them_by_the_calibration():
     rows = {
-        "native": [dict(seconds_per_update=0.5, dtype_policy="mixed_bfloat16")],
-        "avx2": [dict(seconds_per_update=1.5, dtype_policy="float32")],
+        "native": [dict(seconds_per_update=0.5, dtype_policy="mixed_bfloat16", timed_updates=[72, 214])],
+        "avx2": [dict(seconds_per_update=1.5, dtype_policy="float32", timed_updates=[72, 214])],
     }
     args = recipe_time.argparse.Namespace(trial="mini_12k")
     calibration = dict(real_avx2_tokens_per_sec=1000.0, emulated_tokens_per_sec=1500.0, emulated_over_real=1.5)
@@ -59,6 +59,7 @@ def test_summary_gives_each_recipe_s_hours_and_scales_them_by_the_calibration():
     assert out["settings"]["native"]["run_hours"] == {"mini_12k": pytest.approx(1.67, abs=0.01), "published": 1.11}
     assert out["settings"]["avx2"]["run_hours"] == {"mini_12k": 5.0, "published": pytest.approx(3.33, abs=0.01)}
     assert out["real_avx2_run_hours"] == {"mini_12k": 7.5, "published": 5.0}
+    assert out["settings"]["avx2"]["timed_updates"] == [72, 214]  # the window the seconds were measured over
 
 
 def test_calibration_divides_the_emulated_throughput_by_the_real_avx2_one(tmp_path, monkeypatch):
