@@ -205,6 +205,12 @@ def test_commit_refuses_before_decoding_anything(tmp_path, monkeypatch, capsys):
         assert (
             f"--commit takes the run's own trial and seed and plots nothing: drop {flags[0]}" in capsys.readouterr().err
         )
+    tasks = {"--table": "--table and --commit", "--ensembles": "--ensembles and --commit"}
+    tasks["--summarize"] = "--commit and --summarize"
+    for flag, pair in tasks.items():  # refused, not silently one of them
+        with pytest.raises(SystemExit):
+            long.main(["--commit", str(run_dir), flag, "a,b"])
+        assert f"{pair} are separate tasks: give one of them" in capsys.readouterr().err
 
 
 def test_commit_scores_test2016_and_replaces_the_committed_version(tmp_path, monkeypatch):
