@@ -1,0 +1,206 @@
+"""A served request's first time against its replay: what a request of new sentences costs over a repeated one.
+
+`decode_serving.py` warms each system up on the sentences it then times, so every timed request repeats one the
+system has served. A server's traffic does not repeat. In our SavedModel, TensorFlow's oneDNN kernels create a
+primitive (a compiled kernel) for each new operand shape and cache it: the batch shrinks as its sentences finish,
+and the sizes it shrinks through depend on the sentences. New sentences bring new shapes, a replay finds them
+cached. This script times both, for our SavedModel and for CTranslate2 int8 on the same weights:
+
+* each system runs in a fresh worker process with one thread (one request in flight, as each of
+  `decode_serving.py`'s requests runs), warmed up on one request of `--sentences` sentences;
+* then, for each of `--requests` further requests of as many new sentences (Multi30k test2016, then val, in file
+  order, as a client would send them), it serves the request ("novel") and at once the same request again
+  ("replayed"), timing each in wall-clock and in process CPU seconds;
+* workers of the two systems alternate for `--rounds` rounds; each round is a fresh process, so every request is
+  new to it.
+
+Reported per system: the medians of the novel and replayed seconds per request, sentences/s, and the median of the
+per-request ratios novel / replayed (CPU seconds, which another process on the machine disturbs less than the
+clock). Our SavedModel decodes in its export's precision and options (e.g. `export --precision bfloat16 --beam 4
+--alpha 0.6 --length-penalty gnmt`); CTranslate2 runs the same weights converted with `export_ctranslate2`, int8,
+beam 4, its length penalty 0.6, `max_batch_size` 8 (its best setting in `decode_serving.py` here).
+
+Usage:
+    .venv/bin/python benchmarks/novel_requests.py EXPORT_DIR --rounds 3 \\
+        --json benchmarks/results/amd_epyc_zen5/novel_requests.json
+    .venv/bin/python benchmarks/novel_requests.py EXPORT_DIR --requests 1 --sentences 20 --rounds 1   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+
+BEAM_SIZE, LENGTH_PENALTY, EXTRA_LENGTH = 4, 0.6, 50
+CT2_MAX_BATCH_SIZE = 8
+SYSTEMS = ("ours", "ctranslate2 int8")
+
+
+def request_rows(pool_size, size, requests):
+    """The rows of the warm-up request and of each timed request: consecutive slices of `size` rows of the pool."""
+    if (requests + 1) * size > pool_size:
+        raise SystemExit(
+            f"novel_requests: {requests} requests of {size} sentences and a warm-up need {(requests + 1) * size} "
+            f"sentences; test2016 and val hold {pool_size}"
+        )
+    return [list(range(r * size, (r + 1) * size)) for r in range(requests + 1)]
+
+
+def sentence_pool():
+    """Multi30k test2016 then val, English, in file order."""
+    from keras_transformer.data import corpora
+
+    return corpora.read_lines("test2016", "en") + corpora.read_lines("val", "en")
+
+
+def timed(serve):
+    """`(wall seconds, process CPU seconds)` of one call of `serve`."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    serve()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def ours_server(export_dir):
+    """A request's server for our SavedModel (one intra-op and one inter-op thread): `serve(sentences)`."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+    return lambda sentences: signature(inputs=tf.constant(sentences))["translations"].numpy()
+
+
+def ctranslate2_server(model_dir):
+    """A request's server for CTranslate2 int8 with one thread, tokenizing as our SavedModel does inside."""
+    import ctranslate2
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir, "sentencepiece.model"))
+    translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="int8", inter_threads=1, intra_threads=1)
+
+    def serve(sentences):
+        pieces = [processor.encode(s, out_type=str) for s in sentences]
+        results = translator.translate_batch(
+            pieces,
+            beam_size=BEAM_SIZE,
+            length_penalty=LENGTH_PENALTY,
+            max_batch_size=CT2_MAX_BATCH_SIZE,
+            max_decoding_length=max(len(p) for p in pieces) + 1 + EXTRA_LENGTH,
+        )
+        return [processor.decode(r.hypotheses[0]) for r in results]
+
+    return serve
+
+
+def worker(system, path, size, requests):
+    """Serves the warm-up request, then each timed request novel and replayed; prints the times as a JSON line."""
+    pool = sentence_pool()
+    rows = request_rows(len(pool), size, requests)
+    serve = (ours_server if system == "ours" else ctranslate2_server)(path)
+    serve([pool[row] for row in rows[0]])  # warm-up: loads, traces, creates the first shapes' kernels
+    times = []
+    for request in rows[1:]:
+        sentences = [pool[row] for row in request]
+        novel = timed(lambda s=sentences: serve(s))
+        replayed = timed(lambda s=sentences: serve(s))
+        times.append(dict(novel=novel, replayed=replayed))
+    print("\n" + json.dumps(dict(system=system, times=times)))
+
+
+def summary(rounds, size):
+    """Per system, from every round's per-request times: medians, sentences/s and novel / replayed."""
+    out = {}
+    for system in SYSTEMS:
+        times = [t for worker_times in rounds[system] for t in worker_times]
+        if not times:
+            continue
+        wall = {kind: common.median([t[kind][0] for t in times]) for kind in ("novel", "replayed")}
+        cpu = {kind: common.median([t[kind][1] for t in times]) for kind in ("novel", "replayed")}
+        out[system] = dict(
+            requests_timed=len(times),
+            median_wall_seconds={kind: round(v, 4) for kind, v in wall.items()},
+            median_cpu_seconds={kind: round(v, 4) for kind, v in cpu.items()},
+            sentences_per_second={kind: round(size / v, 1) for kind, v in wall.items()},
+            novel_over_replayed_cpu=round(common.median([t["novel"][1] / t["replayed"][1] for t in times]), 3),
+            novel_over_replayed_wall=round(common.median([t["novel"][0] / t["replayed"][0] for t in times]), 3),
+        )
+    return out
+
+
+def convert_for_ctranslate2(export_dir, work_dir):
+    """The export's weights as a CTranslate2 model directory (float32 weights; int8 is chosen when loaded)."""
+    from keras_transformer.inference.ctranslate2 import export_ctranslate2
+    from keras_transformer.inference.export_sources import load_export
+
+    model, tokenizer, _ = load_export(export_dir, dtype="float32")
+    return export_ctranslate2(model, os.path.join(work_dir, "ct2"), tokenizer=tokenizer)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("export_dir", help="an exported SavedModel version directory (OUTPUT/<version>)")
+    parser.add_argument("--sentences", type=int, default=250, help="sentences per request (default 250)")
+    parser.add_argument("--requests", type=int, default=6, help="timed requests per worker (default 6)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of fresh workers (default 3)")
+    parser.add_argument("--only", choices=SYSTEMS, help="time one system only")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for flag in ("sentences", "requests", "rounds"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    common.quiet_tensorflow()
+    if args.worker:
+        worker(args.worker, args.model, args.sentences, args.requests)
+        return 0
+    request_rows(len(sentence_pool()), args.sentences, args.requests)  # enough sentences, before any work
+    machine = common.machine_info()
+    systems = [args.only] if args.only else list(SYSTEMS)
+    rounds = {system: [] for system in SYSTEMS}
+    with tempfile.TemporaryDirectory() as work_dir:
+        paths = {"ours": os.path.abspath(args.export_dir)}
+        if "ctranslate2 int8" in systems:
+            paths["ctranslate2 int8"] = convert_for_ctranslate2(args.export_dir, work_dir)
+        for round_ in range(args.rounds):
+            for system in systems:
+                common.log(f"round {round_ + 1}/{args.rounds}: {system}")
+                command = [sys.executable, os.path.abspath(__file__), args.export_dir, "--worker", system,
+                           "--model", paths[system], "--sentences", str(args.sentences),
+                           "--requests", str(args.requests)]  # fmt: skip
+                rounds[system].append(common.json_from_process(command, f"{system} worker")["times"])
+    result = summary(rounds, args.sentences)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        with open(os.path.join(args.export_dir, "assets", "export.json"), encoding="utf-8") as f:
+            decoding = json.load(f)["decoding"]
+        machine["load_average_at_end"] = common.load_average()
+        versions = common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"])
+        payload = dict(
+            benchmark="novel_requests",
+            export_dir=args.export_dir,
+            decoding=decoding,
+            sentences_per_request=args.sentences,
+            requests_per_worker=args.requests,
+            rounds=args.rounds,
+            machine=machine,
+            versions=versions,
+            results=result,
+        )
+        common.write_json(args.json, payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
