@@ -4,15 +4,14 @@
 system has served. A server's traffic does not repeat. In our SavedModel, TensorFlow's oneDNN kernels create a
 primitive (a compiled kernel) for each new operand shape and cache it: the batch shrinks as its sentences finish,
 and the sizes it shrinks through depend on the sentences. New sentences bring new shapes, a replay finds them
-cached. This script times both, for our SavedModel and for CTranslate2 int8 on the same weights:
+cached. This script times both, for each of our SavedModels given and for CTranslate2 int8 on the first one's weights:
 
 * each system runs in a fresh worker process with one thread (one request in flight, as each of
   `decode_serving.py`'s requests runs), warmed up on one request of `--sentences` sentences;
 * then, for each of `--requests` further requests of as many new sentences (Multi30k test2016, then val, in file
   order, as a client would send them), it serves the request ("novel") and at once the same request again
   ("replayed"), timing each in wall-clock and in process CPU seconds;
-* workers of the two systems alternate for `--rounds` rounds; each round is a fresh process, so every request is
-  new to it.
+* the systems' workers alternate for `--rounds` rounds; each is a fresh process, so every request is new to it.
 
 Reported per system: the medians of the novel and replayed seconds per request, sentences/s, and the median of the
 per-request ratios novel / replayed (CPU seconds, which another process on the machine disturbs less than the
@@ -21,9 +20,10 @@ clock). Our SavedModel decodes in its export's precision and options (e.g. `expo
 beam 4, its length penalty 0.6, `max_batch_size` 8 (its best setting in `decode_serving.py` here).
 
 Usage:
-    .venv/bin/python benchmarks/novel_requests.py EXPORT_DIR --rounds 3 \\
+    .venv/bin/python benchmarks/novel_requests.py bf16=EXPORT_DIR --rounds 3 \\
         --json benchmarks/results/amd_epyc_zen5/novel_requests.json
-    .venv/bin/python benchmarks/novel_requests.py EXPORT_DIR --requests 1 --sentences 20 --rounds 1   # smoke
+    .venv/bin/python benchmarks/novel_requests.py before=OLD/1 after=NEW/1 --no-ctranslate2   # two exports
+    .venv/bin/python benchmarks/novel_requests.py a=EXPORT_DIR --requests 1 --sentences 20 --rounds 1   # smoke
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import common  # noqa: E402
 
 BEAM_SIZE, LENGTH_PENALTY, EXTRA_LENGTH = 4, 0.6, 50
 CT2_MAX_BATCH_SIZE = 8
-SYSTEMS = ("ours", "ctranslate2 int8")
+CT2 = "ctranslate2 int8"
 
 
 def request_rows(pool_size, size, requests):
@@ -105,7 +105,7 @@ def worker(system, path, size, requests):
     """Serves the warm-up request, then each timed request novel and replayed; prints the times as a JSON line."""
     pool = sentence_pool()
     rows = request_rows(len(pool), size, requests)
-    serve = (ours_server if system == "ours" else ctranslate2_server)(path)
+    serve = (ctranslate2_server if system == CT2 else ours_server)(path)
     serve([pool[row] for row in rows[0]])  # warm-up: loads, traces, creates the first shapes' kernels
     times = []
     for request in rows[1:]:
@@ -119,8 +119,8 @@ def worker(system, path, size, requests):
 def summary(rounds, size):
     """Per system, from every round's per-request times: medians, sentences/s and novel / replayed."""
     out = {}
-    for system in SYSTEMS:
-        times = [t for worker_times in rounds[system] for t in worker_times]
+    for system, workers in rounds.items():
+        times = [t for worker_times in workers for t in worker_times]
         if not times:
             continue
         wall = {kind: common.median([t[kind][0] for t in times]) for kind in ("novel", "replayed")}
@@ -149,47 +149,49 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("export_dir", help="an exported SavedModel version directory (OUTPUT/<version>)")
+    parser.add_argument("exports", nargs="+", metavar="NAME=EXPORT_DIR", help="exported SavedModel versions")
     parser.add_argument("--sentences", type=int, default=250, help="sentences per request (default 250)")
     parser.add_argument("--requests", type=int, default=6, help="timed requests per worker (default 6)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of fresh workers (default 3)")
-    parser.add_argument("--only", choices=SYSTEMS, help="time one system only")
+    parser.add_argument("--no-ctranslate2", action="store_true", help="time our exports only")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # a worker's one positional is its model's path
     args = parser.parse_args(argv)
     for flag in ("sentences", "requests", "rounds"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     common.quiet_tensorflow()
     if args.worker:
-        worker(args.worker, args.model, args.sentences, args.requests)
+        worker(args.worker, args.exports[0], args.sentences, args.requests)
         return 0
+    exports = dict(item.partition("=")[::2] for item in args.exports)
+    if not all(exports.values()) or CT2 in exports:
+        parser.error(f"give each export as NAME=EXPORT_DIR, NAME not {CT2!r}: got {' '.join(args.exports)}")
     request_rows(len(sentence_pool()), args.sentences, args.requests)  # enough sentences, before any work
     machine = common.machine_info()
-    systems = [args.only] if args.only else list(SYSTEMS)
-    rounds = {system: [] for system in SYSTEMS}
     with tempfile.TemporaryDirectory() as work_dir:
-        paths = {"ours": os.path.abspath(args.export_dir)}
-        if "ctranslate2 int8" in systems:
-            paths["ctranslate2 int8"] = convert_for_ctranslate2(args.export_dir, work_dir)
+        paths = {name: os.path.abspath(path) for name, path in exports.items()}
+        if not args.no_ctranslate2:
+            paths[CT2] = convert_for_ctranslate2(next(iter(paths.values())), work_dir)
+        rounds = {system: [] for system in paths}
         for round_ in range(args.rounds):
-            for system in systems:
+            for system, path in paths.items():
                 common.log(f"round {round_ + 1}/{args.rounds}: {system}")
-                command = [sys.executable, os.path.abspath(__file__), args.export_dir, "--worker", system,
-                           "--model", paths[system], "--sentences", str(args.sentences),
-                           "--requests", str(args.requests)]  # fmt: skip
+                command = [sys.executable, os.path.abspath(__file__), path, "--worker", system,
+                           "--sentences", str(args.sentences), "--requests", str(args.requests)]  # fmt: skip
                 rounds[system].append(common.json_from_process(command, f"{system} worker")["times"])
     result = summary(rounds, args.sentences)
     print(json.dumps(result, indent=2))
     if args.json:
-        with open(os.path.join(args.export_dir, "assets", "export.json"), encoding="utf-8") as f:
-            decoding = json.load(f)["decoding"]
+        decoding = {}
+        for name, path in exports.items():
+            with open(os.path.join(path, "assets", "export.json"), encoding="utf-8") as f:
+                decoding[name] = json.load(f)["decoding"]
         machine["load_average_at_end"] = common.load_average()
         versions = common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"])
         payload = dict(
             benchmark="novel_requests",
-            export_dir=args.export_dir,
+            exports=exports,
             decoding=decoding,
             sentences_per_request=args.sentences,
             requests_per_worker=args.requests,

@@ -37,5 +37,12 @@ def test_a_system_not_timed_is_left_out():
 
 def test_counts_below_one_are_refused(capsys):
     with pytest.raises(SystemExit):
-        novel_requests.main(["some/export/1", "--requests", "0"])
+        novel_requests.main(["a=some/export/1", "--requests", "0"])
     assert "--requests must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_each_export_is_named(capsys):
+    for argv in (["some/export/1"], ["ctranslate2 int8=some/export/1"]):
+        with pytest.raises(SystemExit):
+            novel_requests.main(argv)
+        assert "give each export as NAME=EXPORT_DIR, NAME not 'ctranslate2 int8'" in capsys.readouterr().err
