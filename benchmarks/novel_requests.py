@@ -1,23 +1,28 @@
 """A served request's first time against its replay: what a request of new sentences costs over a repeated one.
 
 `decode_serving.py` warms each system up on the sentences it then times, so every timed request repeats one the
-system has served. A server's traffic does not repeat. In our SavedModel, TensorFlow's oneDNN kernels create a
-primitive (a compiled kernel) for each new operand shape and cache it: the batch shrinks as its sentences finish,
-and the sizes it shrinks through depend on the sentences. New sentences bring new shapes, a replay finds them
-cached. This script times both, for each of our SavedModels given and for CTranslate2 int8 on the first one's weights:
+system has served. A server's traffic does not repeat. In our SavedModel, TensorFlow's oneDNN kernels (where TensorFlow
+uses them; each worker records whether it does) create a primitive, a compiled kernel, for each new operand shape
+and cache it. The shapes depend on the sentences: the batch shrinks through sizes set by when its sentences finish,
+the cross-attention spans the request's longest source, and the self-attention's cache grows by a step at a time
+for as long as the request's longest output. New sentences bring new shapes; a replay finds them cached. This
+script times both, for each of our SavedModels given and for CTranslate2 int8 on the first one's weights:
 
 * each system runs in a fresh worker process with one thread (one request in flight, as each of
   `decode_serving.py`'s requests runs), warmed up on one request of `--sentences` sentences;
 * then, for each of `--requests` further requests of as many new sentences (Multi30k test2016, then val, in file
   order, as a client would send them), it serves the request ("novel") and at once the same request again
   ("replayed"), timing each in wall-clock and in process CPU seconds;
-* the systems' workers alternate for `--rounds` rounds; each is a fresh process, so every request is new to it.
+* the systems' workers take turns for `--rounds` rounds, the first system of a round rotating; each worker is a
+  fresh process, so every request is new to it.
 
 Reported per system: the medians of the novel and replayed seconds per request, sentences/s, and the median of the
 per-request ratios novel / replayed (CPU seconds, which another process on the machine disturbs less than the
-clock). Our SavedModel decodes in its export's precision and options (e.g. `export --precision bfloat16 --beam 4
---alpha 0.6 --length-penalty gnmt`); CTranslate2 runs the same weights converted with `export_ctranslate2`, int8,
-beam 4, its length penalty 0.6, `max_batch_size` 8 (its best setting in `decode_serving.py` here).
+clock). Our SavedModels decode with their exports' precision and options (e.g. `export --precision bfloat16 --beam
+4 --alpha 0.6 --length-penalty gnmt`). CTranslate2 runs the first export's weights converted with
+`export_ctranslate2`, int8, with that export's beam size and alpha in its own length penalty (log P / length **
+alpha, the export's "average"; where the export uses GNMT's, the two rank some hypotheses differently), at most
+source + 50 tokens, and `max_batch_size` `CT2_MAX_BATCH_SIZE`; the results file records these settings.
 
 Usage:
     .venv/bin/python benchmarks/novel_requests.py bf16=EXPORT_DIR --rounds 3 \\
@@ -39,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-BEAM_SIZE, LENGTH_PENALTY, EXTRA_LENGTH = 4, 0.6, 50
+EXTRA_LENGTH = 50  # our SavedModel allows each sentence its source length (with the end token) + 50 tokens
 CT2_MAX_BATCH_SIZE = 8
 CT2 = "ctranslate2 int8"
 
@@ -79,33 +84,64 @@ def ours_server(export_dir):
     return lambda sentences: signature(inputs=tf.constant(sentences))["translations"].numpy()
 
 
-def ctranslate2_server(model_dir):
-    """A request's server for CTranslate2 int8 with one thread, tokenizing as our SavedModel does inside."""
+def export_decoding(export_dir):
+    """The decoding options an export recorded (`assets/export.json`)."""
+    path = os.path.join(export_dir, "assets", "export.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"novel_requests: {export_dir} is not an exported version: no {path}")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["decoding"]
+
+
+def ctranslate2_settings(decoding):
+    """CTranslate2's settings for an export's `decoding`: its beam size and alpha, int8, one thread."""
+    return dict(
+        compute_type="int8",
+        beam_size=decoding["beam_size"],
+        length_penalty=decoding["alpha"],
+        max_batch_size=CT2_MAX_BATCH_SIZE,
+        inter_threads=1,
+        intra_threads=1,
+        extra_length=EXTRA_LENGTH,
+    )
+
+
+def ctranslate2_server(model_dir, settings):
+    """A request's server for CTranslate2 with `settings`, tokenizing as our SavedModel does inside."""
     import ctranslate2
     import sentencepiece
 
     processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir, "sentencepiece.model"))
-    translator = ctranslate2.Translator(model_dir, device="cpu", compute_type="int8", inter_threads=1, intra_threads=1)
+    translator = ctranslate2.Translator(
+        model_dir,
+        device="cpu",
+        compute_type=settings["compute_type"],
+        inter_threads=settings["inter_threads"],
+        intra_threads=settings["intra_threads"],
+    )
 
     def serve(sentences):
         pieces = [processor.encode(s, out_type=str) for s in sentences]
         results = translator.translate_batch(
             pieces,
-            beam_size=BEAM_SIZE,
-            length_penalty=LENGTH_PENALTY,
-            max_batch_size=CT2_MAX_BATCH_SIZE,
-            max_decoding_length=max(len(p) for p in pieces) + 1 + EXTRA_LENGTH,
+            beam_size=settings["beam_size"],
+            length_penalty=settings["length_penalty"],
+            max_batch_size=settings["max_batch_size"],
+            max_decoding_length=max(len(p) for p in pieces) + 1 + settings["extra_length"],
         )
         return [processor.decode(r.hypotheses[0]) for r in results]
 
     return serve
 
 
-def worker(system, path, size, requests):
-    """Serves the warm-up request, then each timed request novel and replayed; prints the times as a JSON line."""
+def worker(system, path, size, requests, settings=None):
+    """Serves the warm-up request, then each timed request novel and replayed; prints the times as a JSON line.
+
+    `settings`: CTranslate2's (`ctranslate2_settings`), for the system `CT2`.
+    """
     pool = sentence_pool()
     rows = request_rows(len(pool), size, requests)
-    serve = (ctranslate2_server if system == CT2 else ours_server)(path)
+    serve = ctranslate2_server(path, settings) if system == CT2 else ours_server(path)
     serve([pool[row] for row in rows[0]])  # warm-up: loads, traces, creates the first shapes' kernels
     times = []
     for request in rows[1:]:
@@ -113,7 +149,12 @@ def worker(system, path, size, requests):
         novel = timed(lambda s=sentences: serve(s))
         replayed = timed(lambda s=sentences: serve(s))
         times.append(dict(novel=novel, replayed=replayed))
-    print("\n" + json.dumps(dict(system=system, times=times)))
+    onednn = None
+    if system != CT2:
+        from keras_transformer import compat
+
+        onednn = compat.onednn_kernels_enabled()
+    print("\n" + json.dumps(dict(system=system, times=times, onednn_kernels=onednn)))
 
 
 def summary(rounds, size):
@@ -121,8 +162,6 @@ def summary(rounds, size):
     out = {}
     for system, workers in rounds.items():
         times = [t for worker_times in workers for t in worker_times]
-        if not times:
-            continue
         wall = {kind: common.median([t[kind][0] for t in times]) for kind in ("novel", "replayed")}
         cpu = {kind: common.median([t[kind][1] for t in times]) for kind in ("novel", "replayed")}
         out[system] = dict(
@@ -145,6 +184,35 @@ def convert_for_ctranslate2(export_dir, work_dir):
     return export_ctranslate2(model, os.path.join(work_dir, "ct2"), tokenizer=tokenizer)
 
 
+def parse_exports(parser, items):
+    """`{name: export_dir}` of the `NAME=EXPORT_DIR` arguments; each name given once, none `CT2`."""
+    exports = {}
+    for item in items:
+        name, _, path = item.partition("=")
+        if not name or not path or name == CT2 or name in exports:
+            parser.error(f"give each export once as NAME=EXPORT_DIR, NAME not {CT2!r}: got {item!r}")
+        exports[name] = path
+    return exports
+
+
+def run_rounds(paths, args, settings):
+    """Every round's times of each system (`paths`: system -> model), the first system rotating each round; and
+    whether each worker of ours ran oneDNN kernels."""
+    rounds, onednn = {system: [] for system in paths}, {}
+    systems = list(paths)
+    for round_ in range(args.rounds):
+        for system in systems[round_ % len(systems) :] + systems[: round_ % len(systems)]:
+            common.log(f"round {round_ + 1}/{args.rounds}: {system}")
+            command = [sys.executable, os.path.abspath(__file__), paths[system], "--worker", system,
+                       "--sentences", str(args.sentences), "--requests", str(args.requests)]  # fmt: skip
+            if system == CT2:
+                command += ["--ctranslate2-settings", json.dumps(settings)]
+            result = common.json_from_process(command, f"{system} worker")
+            rounds[system].append(result["times"])
+            onednn.setdefault(system, result["onednn_kernels"])
+    return rounds, onednn
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -152,55 +220,47 @@ def main(argv=None):
     parser.add_argument("exports", nargs="+", metavar="NAME=EXPORT_DIR", help="exported SavedModel versions")
     parser.add_argument("--sentences", type=int, default=250, help="sentences per request (default 250)")
     parser.add_argument("--requests", type=int, default=6, help="timed requests per worker (default 6)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of fresh workers (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of fresh workers, taking turns (default 3)")
     parser.add_argument("--no-ctranslate2", action="store_true", help="time our exports only")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a worker's one positional is its model's path
+    parser.add_argument("--ctranslate2-settings", type=json.loads, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for flag in ("sentences", "requests", "rounds"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     common.quiet_tensorflow()
     if args.worker:
-        worker(args.worker, args.exports[0], args.sentences, args.requests)
+        worker(args.worker, args.exports[0], args.sentences, args.requests, args.ctranslate2_settings)
         return 0
-    exports = dict(item.partition("=")[::2] for item in args.exports)
-    if not all(exports.values()) or CT2 in exports:
-        parser.error(f"give each export as NAME=EXPORT_DIR, NAME not {CT2!r}: got {' '.join(args.exports)}")
-    request_rows(len(sentence_pool()), args.sentences, args.requests)  # enough sentences, before any work
+    exports = parse_exports(parser, args.exports)
+    decoding = {name: export_decoding(path) for name, path in exports.items()}  # before any work
+    request_rows(len(sentence_pool()), args.sentences, args.requests)
+    settings = None if args.no_ctranslate2 else ctranslate2_settings(next(iter(decoding.values())))
     machine = common.machine_info()
     with tempfile.TemporaryDirectory() as work_dir:
         paths = {name: os.path.abspath(path) for name, path in exports.items()}
-        if not args.no_ctranslate2:
+        if settings:
             paths[CT2] = convert_for_ctranslate2(next(iter(paths.values())), work_dir)
-        rounds = {system: [] for system in paths}
-        for round_ in range(args.rounds):
-            for system, path in paths.items():
-                common.log(f"round {round_ + 1}/{args.rounds}: {system}")
-                command = [sys.executable, os.path.abspath(__file__), path, "--worker", system,
-                           "--sentences", str(args.sentences), "--requests", str(args.requests)]  # fmt: skip
-                rounds[system].append(common.json_from_process(command, f"{system} worker")["times"])
+        rounds, onednn = run_rounds(paths, args, settings)
     result = summary(rounds, args.sentences)
     print(json.dumps(result, indent=2))
-    if args.json:
-        decoding = {}
-        for name, path in exports.items():
-            with open(os.path.join(path, "assets", "export.json"), encoding="utf-8") as f:
-                decoding[name] = json.load(f)["decoding"]
-        machine["load_average_at_end"] = common.load_average()
-        versions = common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"])
-        payload = dict(
-            benchmark="novel_requests",
-            exports=exports,
-            decoding=decoding,
-            sentences_per_request=args.sentences,
-            requests_per_worker=args.requests,
-            rounds=args.rounds,
-            machine=machine,
-            versions=versions,
-            results=result,
-        )
-        common.write_json(args.json, payload)
+    machine["load_average_at_end"] = common.load_average()
+    versions = common.package_versions(["tensorflow", "tensorflow-text", "keras", "ctranslate2"])
+    payload = dict(
+        benchmark="novel_requests",
+        exports=exports,
+        decoding=decoding,
+        ctranslate2=settings,
+        onednn_kernels=onednn,
+        sentences_per_request=args.sentences,
+        requests_per_worker=args.requests,
+        rounds=args.rounds,
+        machine=machine,
+        versions=versions,
+        results=result,
+    )
+    common.write_json(args.json, payload)
     return 0
 
 

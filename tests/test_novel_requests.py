@@ -30,19 +30,47 @@ def test_summary_compares_each_request_with_its_own_replay():
     assert out["ctranslate2 int8"]["novel_over_replayed_cpu"] == 1.0
 
 
-def test_a_system_not_timed_is_left_out():
-    out = novel_requests.summary({"ours": [[dict(novel=(1.0, 1.0), replayed=(1.0, 1.0))]], "ctranslate2 int8": []}, 1)
-    assert list(out) == ["ours"]
-
-
-def test_counts_below_one_are_refused(capsys):
+@pytest.mark.parametrize("flag", ["--sentences", "--requests", "--rounds"])
+def test_counts_below_one_are_refused(flag, capsys):
     with pytest.raises(SystemExit):
-        novel_requests.main(["a=some/export/1", "--requests", "0"])
-    assert "--requests must be at least 1, got 0" in capsys.readouterr().err
+        novel_requests.main(["a=some/export/1", flag, "0"])
+    assert f"{flag} must be at least 1, got 0" in capsys.readouterr().err
 
 
-def test_each_export_is_named(capsys):
-    for argv in (["some/export/1"], ["ctranslate2 int8=some/export/1"]):
-        with pytest.raises(SystemExit):
-            novel_requests.main(argv)
-        assert "give each export as NAME=EXPORT_DIR, NAME not 'ctranslate2 int8'" in capsys.readouterr().err
+@pytest.mark.parametrize("item", ["some/export/1", "=some/export/1", "a=", "ctranslate2 int8=some/export/1"])
+def test_each_export_is_named(item, capsys):
+    with pytest.raises(SystemExit):
+        novel_requests.main([item])
+    assert f"give each export once as NAME=EXPORT_DIR, NAME not 'ctranslate2 int8': got {item!r}" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_name_given_twice_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        novel_requests.main(["a=x/1", "a=y/1"])
+    assert "got 'a=y/1'" in capsys.readouterr().err
+
+
+def test_an_export_without_its_record_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(novel_requests, "run_rounds", lambda *a: pytest.fail("timed an export it cannot describe"))
+    with pytest.raises(SystemExit, match=f"{tmp_path} is not an exported version: no .*export.json"):
+        novel_requests.main([f"a={tmp_path}"])
+
+
+def test_ctranslate2_takes_the_export_s_beam_and_alpha():
+    settings = novel_requests.ctranslate2_settings(dict(beam_size=5, alpha=1.0, length_penalty="average"))
+    assert (settings["beam_size"], settings["length_penalty"], settings["compute_type"]) == (5, 1.0, "int8")
+
+
+def test_each_round_starts_with_another_system(monkeypatch):
+    order = []
+
+    def fake(command, label, env=None):
+        order.append(command[command.index("--worker") + 1])
+        return dict(times=[], onednn_kernels=None)
+
+    monkeypatch.setattr(novel_requests.common, "json_from_process", fake)
+    args = novel_requests.argparse.Namespace(rounds=3, sentences=1, requests=1)
+    novel_requests.run_rounds({"a": "x", "b": "y", "ctranslate2 int8": "z"}, args, {"beam_size": 4})
+    assert order == ["a", "b", "ctranslate2 int8", "b", "ctranslate2 int8", "a", "ctranslate2 int8", "a", "b"]
