@@ -471,9 +471,9 @@ def main(argv=None):
             parser.error(
                 f"--commit takes the run's own trial and seed and plots nothing: drop --{flag.replace('_', '-')}"
             )
-    actions = [f"--{flag}" for flag in ("table", "ensembles", "commit", "summarize") if getattr(namespace, flag)]
-    if len(actions) > 1:
-        parser.error(f"{' and '.join(actions)} are separate tasks: give one of them")
+    tasks = [f"--{flag}" for flag in ("table", "ensembles", "commit", "summarize", "trial") if getattr(namespace, flag)]
+    if len(tasks) > 1:
+        parser.error(f"{', '.join(tasks)} are separate tasks: give one of them")
     namespace.seed = namespace.seed or 0
     if namespace.start_from and not namespace.trial:
         parser.error("--start-from continues a run as a trial: give --trial NAME too")

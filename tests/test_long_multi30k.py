@@ -205,12 +205,16 @@ def test_commit_refuses_before_decoding_anything(tmp_path, monkeypatch, capsys):
         assert (
             f"--commit takes the run's own trial and seed and plots nothing: drop {flags[0]}" in capsys.readouterr().err
         )
-    tasks = {"--table": "--table and --commit", "--ensembles": "--ensembles and --commit"}
-    tasks["--summarize"] = "--commit and --summarize"
-    for flag, pair in tasks.items():  # refused, not silently one of them
+    for flags, tasks in (
+        (["--commit", str(run_dir), "--table", "a"], "--table, --commit"),
+        (["--commit", str(run_dir), "--ensembles", "a,b"], "--ensembles, --commit"),
+        (["--commit", str(run_dir), "--summarize", "a"], "--commit, --summarize"),
+        (["--table", "a", "--summarize", "b"], "--table, --summarize"),
+        (["--summarize", "a", "--trial", "mini_12k"], "--summarize, --trial"),
+    ):  # refused, not silently the first of them
         with pytest.raises(SystemExit):
-            long.main(["--commit", str(run_dir), flag, "a,b"])
-        assert f"{pair} are separate tasks: give one of them" in capsys.readouterr().err
+            long.main(flags)
+        assert f"{tasks} are separate tasks: give one of them" in capsys.readouterr().err
 
 
 def test_commit_scores_test2016_and_replaces_the_committed_version(tmp_path, monkeypatch):
