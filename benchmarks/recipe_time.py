@@ -104,7 +104,10 @@ def _read_json(path):
 
 def _ours_fp32_tokens(path):
     """The median tokens/s of "ours fp32" in a `train_throughput.py` results file."""
-    return next(row for row in _read_json(path)["results"] if row["name"] == "ours fp32")["median"]["tokens"]
+    row = next((row for row in _read_json(path)["results"] if row["name"] == "ours fp32"), None)
+    if row is None:
+        raise ValueError(f"recipe_time: {path} has no 'ours fp32' row")
+    return row["median"]["tokens"]
 
 
 def calibration(env):
@@ -137,6 +140,14 @@ def measure(args):
     return rows
 
 
+def _one_window(name, results):
+    """The updates `[first, last]` every round of setting `name` timed (they are the same by construction)."""
+    windows = {tuple(row["timed_updates"]) for row in results}
+    if len(windows) != 1:
+        raise ValueError(f"recipe_time: the {name} rounds timed different updates: {sorted(windows)}")
+    return list(windows.pop())
+
+
 def summary(args, rows, recipe_steps, calibrated):
     """Per setting: median seconds per update and the hours of each recipe's run (`recipe_steps`: name -> updates);
     the ratio avx2 / native; with `calibrated`, the hours on the real AVX2-only CPU."""
@@ -146,7 +157,7 @@ def summary(args, rows, recipe_steps, calibrated):
         settings[name] = dict(
             env=SETTINGS[name],
             dtype_policy=results[0]["dtype_policy"],
-            timed_updates=results[0].get("timed_updates"),  # the window [first, last] of every round
+            timed_updates=_one_window(name, results),
             seconds_per_update=[round(row["seconds_per_update"], 4) for row in results],
             median_seconds_per_update=round(medians[name], 4),
             run_hours={recipe: round(medians[name] * steps / 3600, 2) for recipe, steps in recipe_steps.items()},

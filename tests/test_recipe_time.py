@@ -60,6 +60,9 @@ def test_summary_gives_each_recipe_s_hours_and_scales_them_by_the_calibration():
     assert out["settings"]["avx2"]["run_hours"] == {"mini_12k": 5.0, "published": pytest.approx(3.33, abs=0.01)}
     assert out["real_avx2_run_hours"] == {"mini_12k": 7.5, "published": 5.0}
     assert out["settings"]["avx2"]["timed_updates"] == [72, 214]  # the window the seconds were measured over
+    rows["avx2"].append(dict(seconds_per_update=1.5, dtype_policy="float32", timed_updates=[72, 143]))
+    with pytest.raises(ValueError, match=r"the avx2 rounds timed different updates: \[\(72, 143\), \(72, 214\)\]"):
+        recipe_time.summary(args, rows, {"mini_12k": 12000}, None)
 
 
 def test_calibration_divides_the_emulated_throughput_by_the_real_avx2_one(tmp_path, monkeypatch):
@@ -82,6 +85,9 @@ def test_calibration_divides_the_emulated_throughput_by_the_real_avx2_one(tmp_pa
     out = recipe_time.calibration({"ONEDNN_MAX_CPU_ISA": "AVX2"})
     assert out == dict(real_avx2_tokens_per_sec=1000.0, emulated_tokens_per_sec=1800.0, emulated_over_real=1.8)
     assert seen["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"} and "--precisions" in seen["command"]
+    real.write_text(json.dumps({"results": [{"name": "keras-hub fp32", "median": {"tokens": 1.0}}]}), "utf-8")
+    with pytest.raises(ValueError, match=f"recipe_time: {real} has no 'ours fp32' row"):
+        recipe_time.calibration({})
 
 
 def test_the_worker_times_whole_epochs_and_reports_the_precision_auto_picked(tmp_path, monkeypatch, capsys):
@@ -106,7 +112,8 @@ def test_at_least_one_epoch_is_timed(capsys):
 
 
 def test_results_file_records_its_provenance(tmp_path, monkeypatch):
-    rows = {name: [dict(seconds_per_update=1.0, dtype_policy="float32")] for name in recipe_time.SETTINGS}
+    row = dict(seconds_per_update=1.0, dtype_policy="float32", timed_updates=[72, 214])
+    rows = {name: [row] for name in recipe_time.SETTINGS}
     monkeypatch.setattr(recipe_time, "measure", lambda args: rows)
     path = tmp_path / "recipe_time.json"
     recipe_time.main(["--json", str(path)])
