@@ -158,8 +158,11 @@ def worker(system, path, size, requests, settings=None):
 
 
 def summary(rounds, size):
-    """Per system, from every round's per-request times: medians, sentences/s and novel / replayed."""
+    """Per system, from every round's per-request times: medians, sentences/s and novel / replayed; and its wall
+    time over the first system's, request by request of the same round (`wall_over_first`, medians), which the
+    requests' different lengths do not blur."""
     out = {}
+    first = next(iter(rounds.values()))
     for system, workers in rounds.items():
         times = [t for worker_times in workers for t in worker_times]
         wall = {kind: common.median([t[kind][0] for t in times]) for kind in ("novel", "replayed")}
@@ -171,8 +174,15 @@ def summary(rounds, size):
             sentences_per_second={kind: round(size / v, 1) for kind, v in wall.items()},
             novel_over_replayed_cpu=round(common.median([t["novel"][1] / t["replayed"][1] for t in times]), 3),
             novel_over_replayed_wall=round(common.median([t["novel"][0] / t["replayed"][0] for t in times]), 3),
+            wall_over_first={kind: round(_paired_ratio(workers, first, kind), 3) for kind in ("novel", "replayed")},
         )
     return out
+
+
+def _paired_ratio(workers, first, kind):
+    """The median over rounds and requests of `workers`' `kind` wall time over `first`'s for the same request."""
+    pairs = [(t, f) for times, first_times in zip(workers, first) for t, f in zip(times, first_times)]
+    return common.median([t[kind][0] / f[kind][0] for t, f in pairs])
 
 
 def convert_for_ctranslate2(export_dir, work_dir):

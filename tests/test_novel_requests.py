@@ -28,6 +28,18 @@ def test_summary_compares_each_request_with_its_own_replay():
     assert out["ours"]["median_wall_seconds"] == {"novel": 2.0, "replayed": 2.0}
     assert out["ours"]["sentences_per_second"] == {"novel": 5.0, "replayed": 5.0}
     assert out["ctranslate2 int8"]["novel_over_replayed_cpu"] == 1.0
+    assert out["ours"]["wall_over_first"] == {"novel": 1.0, "replayed": 1.0}
+
+
+def test_systems_are_compared_request_by_request():
+    """The ratio to the first system is the median of each request's ratio (1.1, 0.8, 0.9): 0.9, where the ratio of
+    the medians (4.0 / 5.0) would be 0.8."""
+
+    def worker(times):
+        return [dict(novel=(t, t), replayed=(t, t)) for t in times]
+
+    out = novel_requests.summary({"a": [worker([1.0, 5.0, 9.0])], "b": [worker([1.1, 4.0, 8.1])]}, size=1)
+    assert out["b"]["wall_over_first"] == {"novel": 0.9, "replayed": 0.9}
 
 
 @pytest.mark.parametrize("flag", ["--sentences", "--requests", "--rounds"])
