@@ -18,11 +18,12 @@ script times both, for each of our SavedModels given and for CTranslate2 int8 on
 
 Reported per system: the medians of the novel and replayed seconds per request, sentences/s, and the median of the
 per-request ratios novel / replayed (CPU seconds, which another process on the machine disturbs less than the
-clock). Our SavedModels decode with their exports' precision and options (e.g. `export --precision bfloat16 --beam
-4 --alpha 0.6 --length-penalty gnmt`). CTranslate2 runs the first export's weights converted with
-`export_ctranslate2`, int8, with that export's beam size and alpha in its own length penalty (log P / length **
-alpha, the export's "average"; where the export uses GNMT's, the two rank some hypotheses differently), at most
-source + 50 tokens, and `max_batch_size` `CT2_MAX_BATCH_SIZE`; the results file records these settings.
+clock), and its wall time over the first system's for the same request of the same round (medians). Our SavedModels
+decode with their exports' precision and options (e.g. `export --precision bfloat16 --beam 4 --alpha 0.6
+--length-penalty gnmt`). CTranslate2 runs the first export's weights converted with `export_ctranslate2`, int8, with
+that export's beam size and alpha in its own length penalty (log P / length ** alpha, the export's "average"; where
+the export uses GNMT's, the two rank some hypotheses differently), at most source + 50 tokens, and `max_batch_size`
+`CT2_MAX_BATCH_SIZE`; the results file records these settings.
 
 Usage:
     .venv/bin/python benchmarks/novel_requests.py bf16=EXPORT_DIR --rounds 3 \\
