@@ -44,8 +44,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import serving_worker  # noqa: E402
 
-EXTRA_LENGTH = 50  # our SavedModel allows each sentence its source length (with the end token) + 50 tokens
+EXTRA_LENGTH = serving_worker.EXTRA_LENGTH  # each output: its source length (with the end token) + 50 tokens
 CT2_MAX_BATCH_SIZE = 8
 CT2 = "ctranslate2 int8"
 
@@ -76,13 +77,7 @@ def timed(serve):
 
 def ours_server(export_dir):
     """A request's server for our SavedModel (one intra-op and one inter-op thread): `serve(sentences)`."""
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
-    return lambda sentences: signature(inputs=tf.constant(sentences))["translations"].numpy()
+    return serving_worker.savedmodel_server(export_dir, intra=1, inter=1)
 
 
 def export_decoding(export_dir):
@@ -109,28 +104,18 @@ def ctranslate2_settings(decoding):
 
 def ctranslate2_server(model_dir, settings):
     """A request's server for CTranslate2 with `settings`, tokenizing as our SavedModel does inside."""
-    import ctranslate2
-    import sentencepiece
-
-    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir, "sentencepiece.model"))
-    translator = ctranslate2.Translator(
-        model_dir,
-        device="cpu",
-        compute_type=settings["compute_type"],
-        inter_threads=settings["inter_threads"],
-        intra_threads=settings["intra_threads"],
+    encode, translate_pieces = serving_worker.ctranslate2_translator(
+        model_dir, settings["compute_type"], settings["inter_threads"], settings["intra_threads"]
     )
 
     def serve(sentences):
-        pieces = [processor.encode(s, out_type=str) for s in sentences]
-        results = translator.translate_batch(
-            pieces,
-            beam_size=settings["beam_size"],
-            length_penalty=settings["length_penalty"],
-            max_batch_size=settings["max_batch_size"],
-            max_decoding_length=max(len(p) for p in pieces) + 1 + settings["extra_length"],
+        return translate_pieces(
+            [encode(s) for s in sentences],
+            settings["beam_size"],
+            settings["length_penalty"],
+            settings["max_batch_size"],
+            settings["extra_length"],
         )
-        return [processor.decode(r.hypotheses[0]) for r in results]
 
     return serve
 

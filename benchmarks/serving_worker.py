@@ -68,21 +68,12 @@ def _choose_kernels(kernels):
 def savedmodel_engine(
     export_dir, sentences, requests, concurrency, intra="default", inter="default", kernels="default"
 ):
-    _choose_kernels(kernels)
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
-
-    if intra != "default":  # before anything runs: the pools are made once
-        tf.config.threading.set_intra_op_parallelism_threads(int(intra))
-        tf.config.threading.set_inter_op_parallelism_threads(int(inter))
-
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    serve = savedmodel_server(export_dir, intra, inter, kernels)
     requests = _requests(requests, len(sentences))
     pool = concurrent.futures.ThreadPoolExecutor(int(concurrency))
 
     def one(rows):
-        request = tf.constant([sentences[row] for row in rows])
-        return [t.decode("utf-8") for t in serve(inputs=request)["translations"].numpy()]
+        return serve([sentences[row] for row in rows])
 
     def translate():
         output = [None] * len(sentences)
@@ -92,6 +83,27 @@ def savedmodel_engine(
         return output
 
     return translate
+
+
+def savedmodel_server(export_dir, intra="default", inter="default", kernels="default"):
+    """`serve(sentences) -> translations` through an export's `serving_default` signature, as a model server calls it.
+
+    Imports only tensorflow and tensorflow_text. `intra`/`inter`: TensorFlow's thread pools, set before anything
+    runs ("default": TensorFlow's own); `kernels` as KERNELS above.
+    """
+    _choose_kernels(kernels)
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+
+    if intra != "default":  # before anything runs: the pools are made once
+        tf.config.threading.set_intra_op_parallelism_threads(int(intra))
+        tf.config.threading.set_inter_op_parallelism_threads(int(inter))
+    signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+
+    def serve(sentences):
+        return [t.decode("utf-8") for t in signature(inputs=tf.constant(sentences))["translations"].numpy()]
+
+    return serve
 
 
 def _requests(requests, count):
@@ -145,8 +157,22 @@ def litert_engine(path, sentences, batch_size, workers, threads):
 
 
 def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compute_type, gemm="default"):
+    encode, translate_pieces = ctranslate2_translator(model_dir, compute_type, inter, intra, gemm)
+    pieces = [encode(s) for s in sentences]  # outside the timed pass
+    return lambda: translate_pieces(pieces, BEAM_SIZE, LENGTH_PENALTY, int(max_batch_size))
+
+
+def ctranslate2_translator(model_dir, compute_type, inter, intra, gemm="default"):
+    """`(encode, translate_pieces)` for a converted model: a sentence's SentencePiece pieces, and the texts of a list
+    of pieces' translations, `translate_pieces(pieces, beam_size, length_penalty, max_batch_size, extra_length)`:
+    each output at most the longest source (with the end token) + `extra_length` tokens, as our SavedModel allows.
+
+    Imports only ctranslate2 and sentencepiece; `gemm` as GEMM above.
+    """
     if gemm == "mkl":  # read when the library loads
         os.environ["CT2_USE_MKL"] = "1"
+    elif gemm != "default":
+        raise ValueError(f"gemm must be 'default' or 'mkl', got {gemm!r}")
     import ctranslate2
     import sentencepiece
 
@@ -154,21 +180,18 @@ def ctranslate2_engine(model_dir, sentences, max_batch_size, inter, intra, compu
     translator = ctranslate2.Translator(
         model_dir, device="cpu", compute_type=compute_type, inter_threads=int(inter), intra_threads=int(intra)
     )
-    pieces = [processor.encode(s, out_type=str) for s in sentences]
-    # Our SavedModel allows each sentence its source length (with the end token) + 50 tokens.
-    longest = max(len(p) for p in pieces) + 1 + EXTRA_LENGTH
 
-    def translate():
+    def translate_pieces(pieces, beam_size, length_penalty, max_batch_size, extra_length=EXTRA_LENGTH):
         results = translator.translate_batch(
             pieces,
-            beam_size=BEAM_SIZE,
-            length_penalty=LENGTH_PENALTY,
-            max_batch_size=int(max_batch_size),
-            max_decoding_length=longest,
+            beam_size=beam_size,
+            length_penalty=length_penalty,
+            max_batch_size=max_batch_size,
+            max_decoding_length=max(len(p) for p in pieces) + 1 + extra_length,
         )
         return [processor.decode(r.hypotheses[0]) for r in results]
 
-    return translate
+    return (lambda sentence: processor.encode(sentence, out_type=str)), translate_pieces
 
 
 def main(argv):
