@@ -1,5 +1,7 @@
 """One translation engine in its own process, timed on command (`decode_serving.py` drives it).
 
+`novel_requests.py` serves through the same `savedmodel_server` and `ctranslate2_translator`.
+
     python benchmarks/serving_worker.py savedmodel EXPORT_DIR SENTENCES_FILE REQUESTS CONCURRENCY \
         [INTRA INTER [KERNELS]]
     python benchmarks/serving_worker.py ctranslate2 MODEL_DIR SENTENCES_FILE MAX_BATCH_SIZE INTER INTRA \

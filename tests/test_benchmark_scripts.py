@@ -143,6 +143,8 @@ def test_savedmodel_also_tries_onednn_on_cpus_where_it_is_not_tensorflows_defaul
 
     with pytest.raises(ValueError, match="kernels must be"):
         serving_worker.savedmodel_engine("/x", ["a"], 1, 1, kernels="mkl")
+    with pytest.raises(ValueError, match="gemm must be 'default' or 'mkl', got 'onednn'"):
+        serving_worker.ctranslate2_engine("/x", ["a"], 8, 1, 1, "int8", gemm="onednn")
 
 
 def test_serving_requests_are_planned_as_translate_batches_and_answers_kept_in_file_order(tmp_path):
