@@ -107,3 +107,22 @@ def end_token_run_dir(tiny_run_dir, tmp_path_factory):
     embeddings.assign(weights)
     model.save(path / "model.keras")
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def upper_saved_model(tmp_path_factory):
+    """A SavedModel whose `serving_default` "translates" each sentence by upper-casing it.
+
+    A stand-in for an export in the serving benchmarks' tests: strings in, `translations` out, at no cost.
+    """
+    import tensorflow as tf
+
+    class Upper(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, inputs):
+            return {"translations": tf.strings.upper(inputs)}
+
+    path = str(tmp_path_factory.mktemp("upper") / "1")
+    module = Upper()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return path

@@ -147,7 +147,7 @@ def test_savedmodel_also_tries_onednn_on_cpus_where_it_is_not_tensorflows_defaul
         serving_worker.ctranslate2_engine("/x", ["a"], 8, 1, 1, "int8", gemm="onednn")
 
 
-def test_serving_requests_are_planned_as_translate_batches_and_answers_kept_in_file_order(tmp_path):
+def test_serving_requests_are_planned_as_translate_batches_and_answers_kept_in_file_order(tmp_path, upper_saved_model):
     """`--client translate` sends `even_batches` of the length order; the worker puts each answer in its row."""
     sentences = ["a", "bbbbb", "cc", "dddd", "eee", "ffffff"]  # longest first: rows 5, 1, 3, 4, 2, 0
     plan = decode_serving.request_plans(str(tmp_path), sentences)
@@ -159,21 +159,13 @@ def test_serving_requests_are_planned_as_translate_batches_and_answers_kept_in_f
         decode_serving.request_plans(str(tmp_path), sentences, "sorted")
 
     import serving_worker
-    import tensorflow as tf
 
-    class Upper(tf.Module):  # a SavedModel whose "translation" of a sentence is the sentence upper-cased
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def serve(self, inputs):
-            return {"translations": tf.strings.upper(inputs)}
-
-    module = Upper()
-    tf.saved_model.save(module, str(tmp_path / "upper"), signatures={"serving_default": module.serve})
     for requests in (plan(3, 2), "4"):  # a plan, and 4 per request in file order
-        translate = serving_worker.savedmodel_engine(str(tmp_path / "upper"), sentences, requests, 2)
+        translate = serving_worker.savedmodel_engine(upper_saved_model, sentences, requests, 2)
         assert translate() == [s.upper() for s in sentences]
     (tmp_path / "short.json").write_text("[[0, 1], [2, 3]]")
     with pytest.raises(ValueError, match="each of the 6 sentences' rows once"):
-        serving_worker.savedmodel_engine(str(tmp_path / "upper"), sentences, str(tmp_path / "short.json"), 2)
+        serving_worker.savedmodel_engine(upper_saved_model, sentences, str(tmp_path / "short.json"), 2)
 
 
 def test_serving_tuning_keeps_each_setting_s_fastest_pass(monkeypatch):

@@ -88,20 +88,12 @@ def test_each_round_starts_with_another_system(monkeypatch):
     assert order == ["a", "b", "ctranslate2 int8", "b", "ctranslate2 int8", "a", "ctranslate2 int8", "a", "b"]
 
 
-def test_our_server_answers_each_sentence_as_text_on_one_thread(tmp_path, monkeypatch):
+def test_our_server_answers_each_sentence_as_text_on_one_thread(upper_saved_model, monkeypatch):
     """`ours_server` calls the export's `serving_default` signature as a model server does, texts out."""
     import tensorflow as tf
 
     pools = {}  # this process's pools are made already: record what the worker would set
     monkeypatch.setattr(tf.config.threading, "set_intra_op_parallelism_threads", lambda n: pools.update(intra=n))
     monkeypatch.setattr(tf.config.threading, "set_inter_op_parallelism_threads", lambda n: pools.update(inter=n))
-
-    class Upper(tf.Module):  # a SavedModel whose "translation" of a sentence is the sentence upper-cased
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def serve(self, inputs):
-            return {"translations": tf.strings.upper(inputs)}
-
-    module = Upper()
-    tf.saved_model.save(module, str(tmp_path / "upper"), signatures={"serving_default": module.serve})
-    assert novel_requests.ours_server(str(tmp_path / "upper"))(["ein hund", "zwei"]) == ["EIN HUND", "ZWEI"]
+    assert novel_requests.ours_server(upper_saved_model)(["ein hund", "zwei"]) == ["EIN HUND", "ZWEI"]
     assert pools == dict(intra=1, inter=1)
