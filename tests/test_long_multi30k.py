@@ -30,6 +30,9 @@ def test_every_trial_changes_only_training_options_and_says_why():
     legacy = long._recipe_of(dict(recipe={key: value for key, value in published.RECIPE.items() if key != "text"}))
     assert legacy["text"] == "lowercased_tokenized" and long._changes(legacy) == {}
     assert long._changes(long.trial_recipe("raw_12k"))["text"] == "raw"
+    # batch9216_12k continues a `--batch-tokens 9216` reproduction: the two differ in later updates only.
+    batch9216 = dict(published.RECIPE, batch_tokens=9216)
+    assert long._recipe_differences(batch9216, long.trial_recipe("batch9216_12k"), long.PREFIX_OPTIONS) == []
 
 
 def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, monkeypatch, capsys):
