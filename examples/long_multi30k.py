@@ -7,7 +7,8 @@ two CPU cores, and judges them on the validation split alone:
 - a trial (`--trial NAME --seed N`) trains one seed of an entry of `TRIALS` (in `long_trials.py`); test2016 is
   never decoded for it;
 - `--table` collects every trial's report into the trials table (options, updates, epochs, validation BLEU and
-  loss, training time, machine), rewritten from the run directories each time;
+  loss, training time, machine), rewritten from the run directories each time; with `--json`, the rows of runs
+  whose directories are gone are carried over from the file it rewrites, marked as such;
 - the chosen recipe (`CHOSEN` in `long_trials.py`, picked from the table by validation BLEU) runs like the
   reproduction (`--seed N`): validation, then test2016 scored once, a SavedModel export with the recipe's search, and
   `--summarize` for the mean and standard deviation over three seeds;
@@ -350,15 +351,27 @@ def _read(path):
 
 
 def table(roots, json_path=None):
-    """Rewrites the trials table from the run directories under `roots`; prints it as Markdown."""
+    """Rewrites the trials table from the run directories under `roots`; prints it as Markdown.
+
+    With `json_path`, the table is also written there, and a row of the table it replaces whose run (trial and
+    seed) is not under `roots` is kept, with `carried_over` set: a run directory deleted to free the disk does
+    not delete its result.
+    """
     rows = trial_rows(roots)
+    if json_path and os.path.exists(json_path):
+        found = {(row["trial"], row["seed"]) for row in rows}
+        kept = [
+            dict(row, carried_over=True) for row in _read(json_path)["rows"] if (row["trial"], row["seed"]) not in found
+        ]
+        rows = sorted(rows + kept, key=lambda row: (row["trial"], row["seed"]))
     lines = ["| trial | seed | changes | updates | epochs | val BLEU | val loss | train h | status |", "|" + "---|" * 9]
     for row in rows:
         changes = ", ".join(f"{key}={value}" for key, value in row["changes"].items()) or "none"
         bleu = "" if row["val_tok_bleu"] is None else f"{row['val_tok_bleu']:.2f}"
         lines.append(
             f"| {row['trial']} | {row['seed']} | {changes} | {row['updates']} | {row['epochs']} | "
-            f"{bleu} | {row['val_loss']:.4f} | {row['train_hours']:.2f} | {row['status']} |"
+            f"{bleu} | {row['val_loss']:.4f} | {row['train_hours']:.2f} | {row['status']}"
+            f"{' (carried over)' if row.get('carried_over') else ''} |"
         )
     print("\n".join(lines))
     if json_path:

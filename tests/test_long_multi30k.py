@@ -53,6 +53,14 @@ def test_a_trial_is_scored_on_validation_only_and_lands_in_the_table(tmp_path, m
     written = json.loads((tmp_path / "trials.json").read_text(encoding="utf-8"))
     assert written["rows"] == rows and "--table" in written["command"]
     assert "| sampled | 3 | subword_sampling=0.1 | 4 |" in capsys.readouterr().out
+    # A run directory deleted to free the disk keeps its row when the table is rewritten, marked as carried over;
+    # the run, found again, replaces it.
+    (tmp_path / "elsewhere").mkdir()
+    assert long.table([str(tmp_path / "elsewhere")], str(tmp_path / "trials.json")) == [
+        dict(rows[0], carried_over=True)
+    ]
+    assert "(carried over) |" in capsys.readouterr().out
+    assert long.table([str(tmp_path / "runs")], str(tmp_path / "trials.json")) == rows
     # A run that has not finished (no report yet) is listed by its trial.json, with its last validation loss.
     os.remove(os.path.join(output, "reproduction.json"))
     (running,) = long.trial_rows([str(tmp_path / "runs")])
