@@ -279,7 +279,12 @@ def trial_rows(roots):
             continue
         if row:
             rows.append(row)
-    return sorted(rows, key=lambda row: (row["trial"], row["seed"]))
+    return sorted(rows, key=_run_key)
+
+
+def _run_key(row):
+    """A trials-table row's run: its trial and seed, the order of the table."""
+    return row["trial"], row["seed"]
 
 
 def _recipe_of(report):
@@ -359,11 +364,9 @@ def table(roots, json_path=None):
     """
     rows = trial_rows(roots)
     if json_path and os.path.exists(json_path):
-        found = {(row["trial"], row["seed"]) for row in rows}
-        kept = [
-            dict(row, carried_over=True) for row in _read(json_path)["rows"] if (row["trial"], row["seed"]) not in found
-        ]
-        rows = sorted(rows + kept, key=lambda row: (row["trial"], row["seed"]))
+        found = {_run_key(row) for row in rows}
+        kept = [dict(row, carried_over=True) for row in _read(json_path)["rows"] if _run_key(row) not in found]
+        rows = sorted(rows + kept, key=_run_key)
     lines = ["| trial | seed | changes | updates | epochs | val BLEU | val loss | train h | status |", "|" + "---|" * 9]
     for row in rows:
         changes = ", ".join(f"{key}={value}" for key, value in row["changes"].items()) or "none"

@@ -51,7 +51,8 @@ TRIALS = {
     "batch9216_12k": (
         dict(batch_tokens=9216, max_steps=12000),
         "mini_12k with fairseq's batch count (about 6,930 real target tokens per update; docs/reproduction.md, 'The "
-        "batches'), from a copy of the --batch-tokens 9216 reproduction of the same seed (`--start-from`)",
+        "batches'), from scratch or from a copy of the --batch-tokens 9216 reproduction of the same seed "
+        "(`--start-from`)",
     ),
 }
 # The trial the validation table picks (None until the trials are in): mini_12k, mean validation BLEU 42.14 over
