@@ -59,7 +59,7 @@ Run:
     python examples/reproduce_multi30k.py --seed 0 --output runs/reproduce/seed0
     python examples/reproduce_multi30k.py --seed 0 --batch-tokens 9216 --output runs/reproduce/batch9216_seed0
     python examples/reproduce_multi30k.py --summarize runs/reproduce/seed0 runs/reproduce/seed1 \\
-        runs/reproduce/seed2 --json benchmarks/results/reproduce_multi30k.json
+        runs/reproduce/seed2 --json benchmarks/results/<cpu>/reproduce_multi30k.json
     make reproduce                                   # the three seeds, then the summary
 """
 

@@ -111,7 +111,7 @@ def build_parser():
         help="Multi30k split to score (default test2016)",
     )
     evaluation.add_argument(
-        "--eval-limit", type=int, default=None, help="score only the first N sentences (default all 1000)"
+        "--eval-limit", type=int, default=None, help="score only the first N sentences (default all of the split)"
     )
     evaluation.add_argument(
         "--beam",
@@ -297,8 +297,8 @@ def main(argv=None):
             )
         }
         metadata[namespace.eval_split] = {key: scores[key] for key in scores}
-        # float32: the exported model must serve at full speed on any CPU (`keras-transformer export`'s
-        # default, --precision auto, would write bfloat16 on a CPU with AVX512_BF16).
+        # float32: the exported model must serve at full speed on any CPU (the library's
+        # export_saved_model defaults to "auto", which writes bfloat16 on a CPU with AVX512_BF16).
         path = export_saved_model(
             result.run_dir,
             namespace.export_dir,

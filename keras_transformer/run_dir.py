@@ -227,8 +227,9 @@ def load_run(run_dir, checkpoint=None, dtype=None):
     Loads `model.keras` when the run has finished; otherwise (or with
     `checkpoint`, a path or "latest") the config and a checkpoint's weights
     (`weights_file`). `dtype`: a dtype policy for the returned model
-    ("float32", "mixed_bfloat16", ...); default: `model.keras`'s own (the
-    training precision), float32 for a checkpoint.
+    ("float32", "mixed_bfloat16", ...); default: `model.keras`'s own
+    (float32 whatever the training precision: training saves it so), and
+    float32 for a checkpoint.
     """
     import keras
 

@@ -18,7 +18,9 @@ def register(subparsers):
     add_model_flag(parser, "training run directory whose checkpoints/ to average")
     parser.add_argument("--last", type=int, default=5, help="K: checkpoints to average (default 5; §6.1)")
     parser.add_argument(
-        "--output", help="output .keras or .weights.h5 (default: RUN_DIR/model-avg{K}.keras in the run)"
+        "--output",
+        help="output .keras or .weights.h5 (default: RUN_DIR/model-avg{N}.keras in the run, N the "
+        "checkpoints averaged: K, or all of them when fewer)",
     )
     parser.set_defaults(func=run)
 

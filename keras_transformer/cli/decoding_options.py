@@ -91,8 +91,8 @@ def add_model_options(parser):
         "--precision",
         choices=DECODING_PRECISION_CHOICES,
         default=None,
-        help="with a run directory: decode in this precision (default: the one the model was "
-        "trained with; auto: bfloat16 where the hardware computes it natively, else float32)",
+        help="with a run directory: decode in this precision (default: the final model's own, float32, "
+        "whatever the training precision; auto: bfloat16 where the hardware computes it natively, else float32)",
     )
     parser.add_argument(
         "--checkpoint",

@@ -14,8 +14,8 @@ def register(subparsers):
         "evaluate",
         help=COMMAND_HELP["evaluate"],
         description="Translates --src (or a shipped Multi30k split) with --model and prints, as JSON on "
-        "stdout, the corpus sacreBLEU and chrF against --ref and the lower-cased tokenized BLEU the "
-        "paper reports (§6.1), with their sacreBLEU signatures; a progress bar goes to stderr.",
+        "stdout, the corpus sacreBLEU and chrF against --ref and the lower-cased tokenized BLEU that "
+        "Multi30k papers report, with their sacreBLEU signatures; a progress bar goes to stderr.",
     )
     add_model_options(parser)
     parser.add_argument("--src", help="source sentences, one per line (required without --multi30k)")

@@ -1,7 +1,8 @@
 """The search loops: greedy and beam search as one `tf.while_loop` each (§6.1).
 
 Beam search keeps K alive and K finished hypotheses per sentence and ranks
-finished ones with the GNMT length penalty (see `beam_search`). Each loop
+finished ones with a length penalty (`length_penalty`: GNMT's, §6.1, by
+default, or fairseq's "average"; see `beam_search`). Each loop
 calls a step function (`keras_transformer.decoding.steps`) for the logits of
 the next position.
 """

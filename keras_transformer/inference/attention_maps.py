@@ -39,8 +39,9 @@ def attention_weights(translator, sentence, layer=-1):
     """Weights of one layer for `sentence` and its translation.
 
     Returns a dict with `source_tokens`, `target_tokens` (decoder inputs:
-    start token, then the translation), and `[heads, rows, cols]` arrays
-    `encoder`, `decoder`, `cross`.
+    start token, then the translation), `output_tokens` (the translation's
+    pieces, end token included), `translation` (its text), and
+    `[heads, rows, cols]` arrays `encoder`, `decoder`, `cross`.
 
     Raises:
         ValueError: `sentence` is blank (`is_blank`): it translates to ""

@@ -57,7 +57,7 @@ leaves nothing behind.
 Only ops that the stock `tensorflow/serving` binary registers are used: core
 TensorFlow plus tensorflow-text's SentencePiece ops (TF Serving links
 `@org_tensorflow_text//tensorflow_text:ops_lib`); no `PyFunc`, no XLA. Every
-export is checked for Python ops (`saved_model_ops`).
+export is checked for Python ops (`check_serving_ops`).
 
 What is exported: `export_run` (a training run directory), `reexport` (an
 exported version, written again with this version's graph) and

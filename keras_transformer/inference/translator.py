@@ -225,9 +225,11 @@ class Translator(tf.Module):
     def translate_strings(self, inputs):
         """`inputs` tf.string `[N]` -> `{"translations": tf.string [N], "scores": float32 [N]}`.
 
-        A score is `log P(Y | X) / lp(|Y|)`, `lp = ((5 + |Y|) / 6) ** alpha`
-        (GNMT's length penalty, §6.1), |Y| counting the generated tokens with
-        the end token, for every beam size (greedy too); 0 for a blank input.
+        A score is `log P(Y | X) / lp(|Y|)`, `lp` the translator's length
+        penalty (`decoding.length_penalty`: GNMT's `((5 + |Y|) / 6) ** alpha`
+        by default, §6.1, or `|Y| ** alpha` for "average"), |Y| counting the
+        generated tokens with the end token, for every beam size (greedy
+        too); 0 for a blank input.
         """
         return self._translations(inputs)
 
@@ -463,7 +465,7 @@ class Translator(tf.Module):
         `dtype`: decode under this dtype policy ("float32", "bfloat16",
         "mixed_bfloat16", "mixed_float16", or "auto":
         `inference.precision.auto_decoding_precision`);
-        default the precision the model was trained with. `checkpoint`: a
+        default the final model's own (float32: training saves it so). `checkpoint`: a
         checkpoint (or averaged weights) path, or "latest", instead of the
         final `model.keras`.
         """

@@ -158,7 +158,8 @@ def write_averaged_model(run_dir, last, output=None):
         run_dir: run directory.
         last: K, the number of newest checkpoints to average.
         output: `.keras` (whole model) or `.weights.h5` path; default
-            `RUN_DIR/model-avg{K}.keras`.
+            `RUN_DIR/model-avg{N}.keras`, N the checkpoints averaged (K, or
+            all of them when the run has fewer).
 
     Returns:
         (output path, list of averaged checkpoint paths).

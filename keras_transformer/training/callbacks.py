@@ -447,7 +447,7 @@ class GlobalStepTensorBoard(keras.callbacks.TensorBoard):
 
 class FixedColumnsCSVLogger(keras.callbacks.CSVLogger):
     """`keras.callbacks.CSVLogger` (appending, for resumed runs) with fixed columns:
-    the training logs, then `val_loss` and `val_accuracy` when there is validation,
+    the training logs, then `val_accuracy` and `val_loss` when there is validation,
     then `val_bleu` with `--validate-bleu-every`."""
 
     def __init__(self, path, with_validation, with_bleu=False):

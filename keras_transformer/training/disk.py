@@ -5,7 +5,7 @@ the model-only checkpoint (`checkpoints/`), each to a temporary file renamed
 into place, so a write that fails leaves the previous ones whole. Two things
 could still go wrong on a full disk: HDF5 failing inside its C library (which
 can end the process without a Python exception), and a temporary file left
-behind. So `RunState.save_checkpoint` asks `check_free_space` first (about
+behind. So `training.run.Run.save_checkpoint` asks `check_free_space` first (about
 what the two files will take, from `state_bytes`), and runs the writes under
 `stop_when_disk_full`, which removes the temporary files of a write that
 failed anyway. Either way training ends with `DiskFullError`: one line

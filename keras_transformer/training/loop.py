@@ -1,8 +1,9 @@
 """`train()`: the paper's training (Vaswani et al., 2017, §5) with `model.fit`, in named phases.
 
-1. `_set_up`: strategy, dtype policy, run directory (locked for the run's
-   life: `training.lock`), resume point (and with `--init-from`, the other
-   run's configuration and vocabulary).
+1. `_set_up`, once `train` has the strategy and the run directory (locked
+   for the run's life: `training.lock`): configuration, dtype policy, resume
+   point and seeds (and with `--init-from`, the other run's configuration
+   and vocabulary).
 2. `_prepare_data`: vocabulary (`spm.model`, reused if present), the training
    stream and its epoch length, the validation batches.
 3. `_record_options`: `config.json` on a fresh run; a resume appends what it

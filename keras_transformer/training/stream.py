@@ -256,7 +256,7 @@ def fit_plan(step, total_steps, steps_per_epoch, steps_per_execution=1):
     Keras epochs have a fixed number of steps, so a run resumed inside an epoch
     first finishes that epoch in a `fit` call of its own; a last, partial epoch
     is cut by the monitor's stop at `total_steps`. With `steps_per_execution`
-    > 1, one call per epoch, each with its exact number of steps (`loop._fit` ends
+    > 1, one call per epoch, each with its exact number of steps (`loop._fit_calls` ends
     each call's data there: Keras would otherwise run the last execution of an
     epoch whole, past the epoch's end or `total_steps`).
     """
