@@ -8,18 +8,20 @@ the decoder over the whole prefix at every step, so it is timed on the first
 tokens/s (end token included), after one untimed warm-up pass per mode.
 
 Run:
-    python benchmarks/decode_multi30k.py runs/multi30k_en_de
+    python benchmarks/decode_multi30k.py runs/multi30k_en_de --json benchmarks/results/<cpu>/decode_multi30k.json
     python benchmarks/decode_multi30k.py RUN_DIR --sentences 256 --uncached-sentences 64 --modes cached,cached-xla
     python benchmarks/decode_multi30k.py RUN_DIR --modes cached,cached-k_finished   # the two stopping rules
 """
 
 import argparse
-import json
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import common  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -107,9 +109,19 @@ def main(argv=None):
             flush=True,
         )
     print(f"load average at end: {open('/proc/loadavg').read().split()[:3]}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    common.write_json(
+        args.json,
+        {
+            "benchmark": "decode_multi30k",
+            "run_dir": args.run_dir,
+            "batch_size": args.batch_size,
+            "beam_size": args.beam_size,
+            "alpha": args.alpha,
+            "machine": common.machine_info(),
+            "versions": common.package_versions(["tensorflow", "keras"]),
+            "results": results,
+        },
+    )
     return results
 
 

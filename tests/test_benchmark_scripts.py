@@ -8,6 +8,7 @@
 - `translate_batching.py`: its candidates, and each one's ratios to the first batch size.
 - `decode_matmul_bound.py`: each variant runs in a process of its own with its `XLA_FLAGS`, and is read against
   the plain bfloat16 graph of the same round.
+- `decode_multi30k.py`: its results file records how it was made, as every benchmark's does.
 - `common.py`: the results name the CPU by its model name, family and model number (`hardware.cpu_identity`),
   and a machine's default results folder is the one its kind of CPU already has.
 """
@@ -25,6 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import decode_matmul_bound  # noqa: E402
+import decode_multi30k  # noqa: E402
 import decode_serving  # noqa: E402
 import decode_throughput  # noqa: E402
 import recipe_trials  # noqa: E402
@@ -383,3 +385,14 @@ def test_results_record_the_commit_they_measured(tmp_path):
     (tmp_path / "a.py").write_text("x = 2\n")
     assert common.code_version(str(tmp_path)) == commit + "+dirty"
     assert common.provenance()["commit"] == common.code_version()
+
+
+def test_decode_multi30k_writes_a_results_file_with_its_provenance(tiny_run_dir, tmp_path):
+    out = tmp_path / "decode_multi30k.json"
+    decode_multi30k.main(
+        [tiny_run_dir, "--sentences", "2", "--batch-size", "2", "--modes", "cached", "--json", str(out)]
+    )
+    written = json.loads(out.read_text())
+    assert {"command", "commit", "cpu_flags", "date", "machine", "versions"} <= set(written)
+    assert written["benchmark"] == "decode_multi30k" and written["run_dir"] == tiny_run_dir
+    assert [(row["mode"], row["sentences"]) for row in written["results"]] == [("cached", 2)]
