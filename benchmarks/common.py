@@ -3,10 +3,11 @@
 The benchmarks compare systems (ours and peers) on one workload in one
 process. Every system is first set up and warmed up (graphs traced, XLA
 compiled, threads spun up); then the timed runs alternate, system after
-system, for `repeats` rounds:
+system, for `repeats` rounds, each round starting one system later:
 
-    round 1: ours, peer A, peer B, ...
-    round 2: ours, peer A, peer B, ...
+    round 1: ours, peer A, peer B
+    round 2: peer A, peer B, ours
+    round 3: peer B, ours, peer A
     ...
 
 so a slow phase of the machine (other jobs, thermal state) hits every system
@@ -326,8 +327,9 @@ def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
 def results_folder(cpuinfo_path="/proc/cpuinfo"):
     """The folder under benchmarks/results for this machine's figures, named as the committed ones are.
 
-    Intel CPUs by their fast precision: "avx512_bf16" (where the AMX Xeon's
-    figures are) or "avx2". AMD CPUs by generation where precision does not
+    Intel CPUs by their fast precision: "avx512_bf16" (where most of the AMX
+    Xeon's figures are; `intel_xeon_amx` holds one written to an explicit
+    `--json` path) or "avx2". AMD CPUs by generation where precision does not
     tell them apart: "amd_epyc_zen5" for family 26 (Zen 5, which trains the
     demo ~1.8x as fast as the earlier AVX512_BF16 EPYC, whose figures are in
     "amd_epyc_avx512_bf16"), else "amd_epyc_avx512_bf16" or "amd_epyc_avx2"

@@ -8,7 +8,7 @@ translations are scored again here with the current metrics
 different versions are compared on the same definitions.
 
     python benchmarks/compare_runs.py before=RUN_A after=RUN_B \\
-        --json benchmarks/results/avx512_bf16/init_fix.json
+        --json benchmarks/results/avx512_bf16/init_fix_demo.json
 """
 
 import argparse

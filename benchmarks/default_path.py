@@ -4,15 +4,16 @@ Options such as n-gram blocking (`--no-repeat-ngram-size`) and the input byte
 bound of 0.3.0 must leave the default decoding as it was, in answers and in
 speed. This exports the same model with the code of a git revision (`--old`,
 checked out into a temporary worktree) and with the current checkout, each
-in its own process and with the default decoding options (beam 4, alpha
-0.6, §6.1) in `--precision`, then loads both SavedModels in this process
+in its own process and with the default decoding options in `--precision`
+(a run directory's: beam 4, alpha 0.6, §6.1; an exported version keeps the
+search it recorded), then loads both SavedModels in this process
 (`SavedModelTranslator`, as `translate --model` does) and translates
 Multi30k test2016 with each, in alternated rounds (`common.run_alternating`;
 medians, and the median of paired ratios new/old). It reports whether the
 translations are identical, sentence by sentence.
 
 Usage:
-    .venv/bin/python benchmarks/default_path.py runs/multi30k_en_de --old 21977a1 \\
+    .venv/bin/python benchmarks/default_path.py saved_models/multi30k_en_de/1 --old 21977a1 \\
         --json benchmarks/results/amd_epyc_zen5/default_path.json
     .venv/bin/python benchmarks/default_path.py runs/multi30k_en_de --old HEAD~5 --sentences 50 --repeats 1
 """
@@ -118,7 +119,7 @@ def main(argv=None):
     common.write_json(
         args.json,
         {
-            "workload": f"Multi30k test2016, {len(sources)} sentences, default decoding, {args.precision}, "
+            "workload": f"Multi30k test2016, {len(sources)} sentences, the source's decoding, {args.precision}, "
             f"requests of {batch_size} sentences",
             "old_revision": args.old,
             "old_commit": old_commit,

@@ -1,8 +1,8 @@
 """Translate Multi30k with a SavedModel and its LiteRT files: the same translations? the same BLEU? how large?
 
 The SavedModel (a version directory, e.g. the committed model) is
-converted to LiteRT files (`export_litert`: float32, and with `--quantize
-int8` its dynamic-range quantization), and each translates a Multi30k split
+converted to LiteRT files (`export_litert`: float32, and, unless `--no-int8`,
+int8 dynamic-range quantization, `export --quantize int8`'s), and each translates a Multi30k split
 (default test2016) as `keras-transformer translate --model` would: the
 SavedModel with `SavedModelTranslator`, the files with `LiteRTTranslator`.
 Reported per file: its size, its ops, the share of translations identical to

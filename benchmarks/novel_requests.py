@@ -22,7 +22,8 @@ clock), and its wall time over the first system's for the same request of the sa
 decode with their exports' precision and options (e.g. `export --precision bfloat16 --beam 4 --alpha 0.6
 --length-penalty gnmt`). CTranslate2 runs the first export's weights converted with `export_ctranslate2`, int8, with
 that export's beam size and alpha in its own length penalty (log P / length ** alpha, the export's "average"; where
-the export uses GNMT's, the two rank some hypotheses differently), at most source + 50 tokens, and `max_batch_size`
+the export uses GNMT's, the two rank some hypotheses differently), at most the request's longest source + 50 tokens
+(one limit per call; the export's is each sentence's), and `max_batch_size`
 `CT2_MAX_BATCH_SIZE`; the results file records these settings.
 
 Usage:
@@ -46,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import serving_worker  # noqa: E402
 
-EXTRA_LENGTH = serving_worker.EXTRA_LENGTH  # each output: its source length (with the end token) + 50 tokens
+EXTRA_LENGTH = serving_worker.EXTRA_LENGTH  # CTranslate2: the request's longest source (with the end token) + 50
 CT2_MAX_BATCH_SIZE = 8
 CT2 = "ctranslate2 int8"
 

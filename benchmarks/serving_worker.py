@@ -23,7 +23,8 @@ oneDNN kernels, which it uses by default only on CPUs with AVX512_VNNI,
 AVX512_BF16 or AMX); "default" leaves TensorFlow's choice. "ctranslate2"
 imports only ctranslate2 and sentencepiece and calls `translate_batch` on
 the whole file (it sorts and batches by length itself) with beam 4, length
-penalty 0.6 and at most source + 50 tokens, as the SavedModel decodes.
+penalty 0.6 and at most the call's longest source + 50 tokens (CTranslate2
+takes one limit per call; the SavedModel's is each sentence's source + 50).
 GEMM "mkl" makes it use Intel MKL (`CT2_USE_MKL=1`), its default on Intel CPUs
 only; "default" leaves CTranslate2's choice (oneDNN elsewhere). "translator"
 is what `keras-transformer translate --model MODEL` runs (MODEL an export or

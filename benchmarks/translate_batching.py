@@ -6,8 +6,8 @@ sorts the sentences by length, cuts them into even batches of at most B and
 keeps two in flight. This script times that call on Multi30k test2016 (1,000
 sentences, beam 4, alpha 0.6) through the run exported as a SavedModel
 (`--precision`, default float32) or, with `--source run_dir`, through the run
-directory itself (the in-process `Translator`, in the precision the run trained
-in), for each batch size, each in a fresh process
+directory itself (the in-process `Translator`, in the final model's float32),
+for each batch size, each in a fresh process
 (`serving_worker.py translator`, with TensorFlow's thread pools as the command
 line sets them, `cli.threads`; `--threads default,cli` also times TensorFlow's
 own pools): the first call (`cold`, what one `translate` command
@@ -172,7 +172,7 @@ def main(argv=None):
         "benchmark": "translate_batching",
         "run_dir": args.run_dir,
         "source": args.source,
-        "precision": args.precision if args.source == "export" else "the run's",
+        "precision": args.precision if args.source == "export" else "float32 (the run's final model)",
         "sentences": len(sources),
         "beam_size": decode_serving.BEAM_SIZE,
         "alpha": decode_serving.ALPHA,
