@@ -265,10 +265,16 @@ def test_shared_embedding_scales_and_projects_with_one_matrix():
 
 
 def test_shared_embedding_gathers_from_float32_table_under_mixed_precision():
-    layer = SharedEmbedding(vocab_size=11, d_model=4, dtype="mixed_bfloat16")
-    out = layer(np.array([[1, 2]]))
+    """The lookup reads the float32 matrix and rounds once: each row is the float32 row times sqrt(d_model),
+    cast to bfloat16. A gather from a bfloat16 copy (Keras' autocast) rounds the table and the scale first,
+    which changes values when sqrt(d_model) is not a power of two."""
+    layer = SharedEmbedding(vocab_size=11, d_model=128, dtype="mixed_bfloat16")
+    ids = np.arange(11)[None]
+    out = layer(ids)
     assert layer.embeddings.dtype == "float32"
     assert out.dtype == "bfloat16"
+    rounded_once = ops.cast(np.asarray(layer.embeddings)[ids] * np.float32(math.sqrt(128)), "bfloat16")
+    np.testing.assert_array_equal(np.asarray(ops.cast(out, "float32")), np.asarray(ops.cast(rounded_once, "float32")))
     assert layer.project(out).dtype == "bfloat16"
 
 

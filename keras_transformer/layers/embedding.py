@@ -52,7 +52,9 @@ class SharedEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, vocab_size, d_model, scale=True, embeddings_initializer=None, **kwargs):
-        # autocast=False: we cast by hand, after the gather (see class docstring).
+        # autocast=False: we cast by hand, after the gather (see class docstring). The matrix itself is
+        # built with autocast=False too: Keras autocasts a mixed layer's variables when it is called outside
+        # any other layer (a decoding step, a user's own code) whatever the layer's autocast.
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         if vocab_size <= 0 or d_model <= 0:
@@ -70,6 +72,7 @@ class SharedEmbedding(keras.layers.Layer):
             shape=(self.vocab_size, self.d_model),
             # A copy: an instance passed to several layers gives each its own matrix.
             initializer=initializer_for_weight(self.embeddings_initializer),
+            autocast=False,
         )
         self.built = True
 
