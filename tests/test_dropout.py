@@ -196,6 +196,27 @@ def test_every_dropout_of_the_model_drops_its_rate_in_training_and_nothing_at_in
     assert not np.allclose(first, second) and not np.allclose(first, inference)
 
 
+def test_every_dropout_s_output_is_what_the_model_goes_on_with(monkeypatch):
+    """The wiring, from the other side: the output of every dropout (not only its call) reaches the model's
+    output. One dropout at a time drops everything while the others pass their inputs through; the logits
+    must change each time. A dropout computed and then left unused (a residual added without it, attention
+    weights used before it) would keep them."""
+    target = {"id": None}
+
+    def one_dropout_drops_all(self, inputs, training=False):
+        return tf.zeros_like(inputs) if training and id(self) == target["id"] else inputs
+
+    monkeypatch.setattr(Dropout, "call", one_dropout_drops_all)
+    model = Transformer(_MODEL_CONFIG)
+    expected = _dropouts_and_their_rates(model, _MODEL_CONFIG)
+    rng = np.random.default_rng(1)
+    inputs = tuple(rng.integers(4, _MODEL_CONFIG.vocab_size, (2, 6)).astype("int32") for _ in range(2))
+    unchanged = np.asarray(model(inputs, training=True))
+    for layer_id, (layer, _) in expected.items():
+        target["id"] = layer_id
+        assert not np.allclose(np.asarray(model(inputs, training=True)), unchanged, atol=1e-4), layer.name
+
+
 def test_passes_the_keras_layer_test():
     """Build, config and serialization round trips, a training step, mixed_float16 output dtype = spec."""
     from keras.src import testing

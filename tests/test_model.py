@@ -125,12 +125,20 @@ def test_unshared_embeddings_have_three_matrices():
 
 
 def test_compile_defaults_to_the_paper():
+    """§5.3's Adam on equation (3) for this model's d_model, and §5.4's label smoothing of this model's config."""
     model = tiny_model()
     model.compile()
     assert model.loss.label_smoothing == pytest.approx(0.1)
     optimizer = model.optimizer
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
     assert type(optimizer._learning_rate).__name__ == "TransformerSchedule"
+    for iterations in (0, 99, 3999, 9999):  # step_num = iterations + 1
+        step = iterations + 1
+        equation_3 = 32**-0.5 * min(step**-0.5, step * 4000**-1.5)  # tiny_model's d_model is 32
+        assert float(optimizer._learning_rate(iterations)) == pytest.approx(equation_3, rel=1e-5)
+    smoothed = tiny_model(label_smoothing=0.2)
+    smoothed.compile()
+    assert smoothed.loss.label_smoothing == pytest.approx(0.2)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=[])
     assert isinstance(model.optimizer, keras.optimizers.SGD)
 
