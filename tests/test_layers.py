@@ -328,25 +328,92 @@ def test_attention_heads_are_split_without_shape_ops_in_a_decoding_step():
     np.testing.assert_allclose(traced(query), layer(query, memory), atol=1e-5)
 
 
-def test_post_ln_and_pre_ln_encoder_layers_follow_their_formulas():
-    x = np.random.default_rng(6).normal(size=(2, 4, 8)).astype("float32")
+def _randomize_layer_norms(layer, rng):
+    """Gives every LayerNorm of `layer` its own random gamma and beta, so that a formula test sees which
+    LayerNorm is applied where, and that its parameters are (fresh ones are 1 and 0)."""
+    for norm in (sub for sub in layer._flatten_layers() if isinstance(sub, keras.layers.LayerNormalization)):
+        norm.gamma.assign(rng.uniform(0.5, 1.5, norm.gamma.shape).astype("float32"))
+        norm.beta.assign(rng.normal(size=norm.beta.shape).astype("float32"))
 
-    def layer_norm(v):
+
+def _layer_norm(norm):
+    """The numpy form of the LayerNormalization `norm`, with its gamma and beta."""
+    gamma, beta = np.asarray(norm.gamma), np.asarray(norm.beta)
+
+    def normalize(v):
         mean, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
-        return (v - mean) / np.sqrt(var + 1e-6)
+        return (v - mean) / np.sqrt(var + 1e-6) * gamma + beta
 
-    for norm_first in (False, True):
-        layer = EncoderLayer(num_heads=2, d_ff=16, dropout=0.0, norm_first=norm_first)
-        out = np.asarray(layer(x))
-        attention = lambda v, layer=layer: np.asarray(layer.self_attention(v))  # noqa: E731
-        ffn = lambda v, layer=layer: np.asarray(layer.feed_forward(v))  # noqa: E731
-        if norm_first:
-            h = x + attention(layer_norm(x))
-            expected = h + ffn(layer_norm(h))
-        else:
-            h = layer_norm(x + attention(x))
-            expected = layer_norm(h + ffn(h))
-        np.testing.assert_allclose(out, expected, atol=1e-4)
+    return normalize
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_post_ln_and_pre_ln_encoder_layers_follow_their_formulas(norm_first):
+    """§3.1: LayerNorm(x + Sublayer(x)) for each sublayer, each with its own LayerNorm (or pre-LN's
+    x + Sublayer(LayerNorm(x)))."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(2, 4, 8)).astype("float32")
+    layer = EncoderLayer(num_heads=2, d_ff=16, dropout=0.0, norm_first=norm_first)
+    layer.build(x.shape)
+    _randomize_layer_norms(layer, rng)
+    out = np.asarray(layer(x))
+    attention = lambda v: np.asarray(layer.self_attention(v))  # noqa: E731
+    ffn = lambda v: np.asarray(layer.feed_forward(v))  # noqa: E731
+    norm_1 = _layer_norm(layer.self_attention_connection.layer_norm)
+    norm_2 = _layer_norm(layer.feed_forward_connection.layer_norm)
+    if norm_first:
+        h = x + attention(norm_1(x))
+        expected = h + ffn(norm_2(h))
+    else:
+        h = norm_1(x + attention(x))
+        expected = norm_2(h + ffn(h))
+    np.testing.assert_allclose(out, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_post_ln_and_pre_ln_decoder_layers_follow_their_formulas(norm_first):
+    """§3.1: masked self-attention, encoder-decoder attention on the memory, then the feed-forward, each in
+    its own residual connection and LayerNorm."""
+    rng = np.random.default_rng(7)
+    x, memory = rng.normal(size=(2, 4, 8)).astype("float32"), rng.normal(size=(2, 5, 8)).astype("float32")
+    layer = DecoderLayer(num_heads=2, d_ff=16, dropout=0.0, norm_first=norm_first)
+    layer.build(x.shape, memory.shape)
+    _randomize_layer_norms(layer, rng)
+    out = np.asarray(layer(x, memory, use_causal_mask=True))
+    masked = lambda v: np.asarray(layer.self_attention(v, use_causal_mask=True))  # noqa: E731
+    cross = lambda v: np.asarray(layer.cross_attention(v, memory))  # noqa: E731
+    ffn = lambda v: np.asarray(layer.feed_forward(v))  # noqa: E731
+    connections = (layer.self_attention_connection, layer.cross_attention_connection, layer.feed_forward_connection)
+    norms = [_layer_norm(connection.layer_norm) for connection in connections]
+    h = x
+    for sublayer, norm in zip((masked, cross, ffn), norms):
+        h = h + sublayer(norm(h)) if norm_first else norm(h + sublayer(h))
+    np.testing.assert_allclose(out, h, atol=1e-4)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
+def test_stacks_apply_their_layers_in_turn_then_pre_ln_s_final_norm(norm_first):
+    """§3.1: a stack is its N layers applied in turn. Pre-LN ends with a LayerNorm of its own (Xiong et al., 2020),
+    since its layers' outputs are not normalized; post-LN has none."""
+    rng = np.random.default_rng(8)
+    x, memory = rng.normal(size=(2, 4, 8)).astype("float32"), rng.normal(size=(2, 5, 8)).astype("float32")
+    encoder = Encoder(num_layers=2, num_heads=2, d_ff=16, dropout=0.0, norm_first=norm_first)
+    encoder.build(x.shape)
+    decoder = Decoder(num_layers=2, num_heads=2, d_ff=16, dropout=0.0, norm_first=norm_first)
+    decoder.build(x.shape, memory.shape)
+    expected_encoder, expected_decoder = x, x
+    for layer in encoder.encoder_layers:
+        expected_encoder = np.asarray(layer(expected_encoder))
+    for layer in decoder.decoder_layers:
+        expected_decoder = np.asarray(layer(expected_decoder, memory, use_causal_mask=True))
+    assert (encoder.final_norm is not None, decoder.final_norm is not None) == (norm_first, norm_first)
+    if norm_first:
+        for stack in (encoder, decoder):
+            _randomize_layer_norms(stack.final_norm, rng)
+        expected_encoder = _layer_norm(encoder.final_norm)(expected_encoder)
+        expected_decoder = _layer_norm(decoder.final_norm)(expected_decoder)
+    np.testing.assert_allclose(np.asarray(encoder(x)), expected_encoder, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(decoder(x, memory)), expected_decoder, atol=1e-4)
 
 
 def test_encoder_padding_mask_from_keras_mask():
