@@ -157,6 +157,29 @@ def test_k_batches_apply_the_gradient_of_the_mean_over_all_their_tokens():
     assert _max_difference(applied, [a - b for a, b in zip(before, one_batch.get_weights())]) < 1e-5 * scale
 
 
+def test_under_loss_scaling_the_accumulated_update_divides_the_scale_out_once():
+    """mixed_float16 (Keras wraps the optimizer in a LossScaleOptimizer): each batch's gradient is of the
+    scaled loss, so that small float16 gradients survive, and the update divides the scale out once. SGD
+    shows the update itself: float32's, up to float16 rounding, and not 1 / scale of it (the loss left
+    unscaled) nor scale times it."""
+    import keras
+
+    batches = _batches(K)
+    expected = _applied_gradient(batches)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    model = _model(_sgd)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    scale = float(model.optimizer.dynamic_scale.numpy())
+    assert scale > 1000
+    before = [w.copy() for w in model.get_weights()]
+    _fit(model, batches, 1, accumulate=K)
+    assert float(model.optimizer.dynamic_scale.numpy()) == scale  # the update was applied, not skipped
+    applied = [b - a for a, b in zip(model.get_weights(), before)]
+    norm = lambda gradient: np.sqrt(sum(float(np.sum(np.square(g))) for g in gradient))  # noqa: E731
+    assert norm(applied) / norm(expected) == pytest.approx(1.0, abs=0.05)
+    assert _max_difference(applied, expected) < 0.1 * max(float(np.max(np.abs(g))) for g in expected)
+
+
 @pytest.mark.parametrize("ema", [None, 0.9])
 def test_k_batches_train_like_one_batch_of_them_all_with_the_papers_optimizer(ema):
     """FusedAdam on equation (3): UPDATES updates of K batches each leave the weights of UPDATES updates on
