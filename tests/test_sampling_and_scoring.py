@@ -49,6 +49,17 @@ def test_sampling_with_top_k_1_is_greedy_search(model):
     np.testing.assert_allclose(sampled_scores.numpy(), greedy_scores.numpy(), atol=1e-5)
 
 
+def test_sampling_draws_from_the_distribution_divided_by_the_temperature(model):
+    """Near-zero temperatures sharpen each step's distribution to its best token: greedy search, whatever the
+    seed. At temperature 1 the same seeds draw other tokens."""
+    greedy_ids, _ = greedy_search(model, sources(), max_length=12)
+    for seed in (1, 2):
+        cold, _ = sampling_search(model, sources(), temperature=1e-6, seed=seed, max_length=12)
+        np.testing.assert_array_equal(cold.numpy(), greedy_ids.numpy())
+        warm, _ = sampling_search(model, sources(), temperature=1.0, seed=seed, max_length=12)
+        assert not np.array_equal(warm.numpy(), greedy_ids.numpy())
+
+
 def test_sampling_is_reproducible_for_a_seed_and_varies_with_it(model):
     src = np.repeat(sources(2, (6,)), 8, axis=0)  # one sentence, 8 draws
     first, _ = sampling_search(model, src, temperature=2.0, seed=7, max_length=10)
