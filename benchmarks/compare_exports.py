@@ -7,7 +7,7 @@ after a warm-up on the first sentences (a check of answers, not a benchmark:
 `decode_serving.py` times alternated rounds). The translations are scored with the current
 metrics (`corpus_scores`: cased sacreBLEU, chrF, lower-cased Moses-tokenized
 BLEU) and compared with the first export's, sentence by sentence. Written to
-check that a re-exported model (`keras-transformer export OLD_VERSION ...`)
+check that a re-exported model (`keras-transformer export --model OLD_VERSION ...`)
 answers as the old export did:
 
     python benchmarks/compare_exports.py old=/tmp/old/1 new=saved_models/multi30k_en_de/1 \\

@@ -94,8 +94,8 @@ def main(argv=None):
     model, tokenizer = load_run(args.run_dir)
     translator = Translator(model, tokenizer)
     sentences = corpora.read_lines("test2016", "en")
-    results = []
-    print(f"load average at start: {open('/proc/loadavg').read().split()[:3]}")
+    results, machine = [], common.machine_info()  # its load average at start
+    print(f"load average at start: {machine['load_average_at_start']}")
     print("| mode | sentences | generated tokens | seconds | sentences/s | tokens/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for mode in args.modes.split(","):
@@ -117,7 +117,7 @@ def main(argv=None):
             "batch_size": args.batch_size,
             "beam_size": args.beam_size,
             "alpha": args.alpha,
-            "machine": common.machine_info(),
+            "machine": machine,
             "versions": common.package_versions(["tensorflow", "keras"]),
             "results": results,
         },

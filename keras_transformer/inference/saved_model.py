@@ -62,7 +62,7 @@ export is checked for Python ops (`check_serving_ops`).
 What is exported: `export_run` (a training run directory), `reexport` (an
 exported version, written again with this version's graph) and
 `export_translator` (a `Translator` as it is); `export_saved_model` picks
-one by its source, as `keras-transformer export RUN_DIR --output BASE` does.
+one by its source, as `keras-transformer export --model RUN_DIR --output BASE` does.
 """
 
 from __future__ import annotations
