@@ -81,6 +81,9 @@ class Transformer(keras.Model):
     """
 
     def __init__(self, config, **kwargs):
+        # Its inputs are token ids: with autocast, Keras casts ids that arrive as floats to the compute dtype,
+        # and bfloat16 holds integers exactly only up to 256. Each sublayer still autocasts its own variables.
+        kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         if isinstance(config, dict):
             config = TransformerConfig.from_dict(config)

@@ -261,6 +261,19 @@ def test_mixed_bfloat16_model_keeps_float32_variables_and_decoding_logits():
     assert all(w.dtype == "float32" for w in model.weights)
 
 
+def test_mixed_bfloat16_model_reads_float_token_ids_exactly():
+    """Ids that arrive as floats reach the embeddings unrounded: bfloat16 holds integers exactly only up to
+    256, so an autocast of the inputs would turn 7999 into 8000 (out of range) and 4001 into 4000."""
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = Transformer(TransformerConfig.tiny(vocab_size=8000))
+    source, target = np.array([[7999, 3001, 257, 5, 0]]), np.array([[2, 4001, 6, 0]])
+    as_ints = model((source, target))
+    as_floats = model((source.astype("float32"), target.astype("float32")))
+    np.testing.assert_array_equal(
+        np.asarray(keras.ops.cast(as_floats, "float32")), np.asarray(keras.ops.cast(as_ints, "float32"))
+    )
+
+
 # The loss and the metric -----------------------------------------------------------
 
 
