@@ -278,6 +278,16 @@ def test_shared_embedding_gathers_from_float32_table_under_mixed_precision():
     assert layer.project(out).dtype == "bfloat16"
 
 
+def test_shared_embedding_keeps_float_token_ids_exact_under_mixed_precision():
+    """Ids that arrive as floats (Keras builds models from float placeholders) are not cast to bfloat16
+    first: bfloat16 holds integers exactly only up to 256, so id 7999 would become 8000 and 3001 become 3008."""
+    layer = SharedEmbedding(vocab_size=8000, d_model=8, scale=False, dtype="mixed_bfloat16")
+    ids = np.array([[7999, 3001, 257, 5]])
+    out = layer(ids.astype("float32"))
+    expected = ops.cast(np.asarray(layer.embeddings)[ids], "bfloat16")
+    np.testing.assert_array_equal(np.asarray(ops.cast(out, "float32")), np.asarray(ops.cast(expected, "float32")))
+
+
 def test_feed_forward_is_relu_sandwich():
     layer = FeedForward(d_ff=6)
     x = np.random.default_rng(5).normal(size=(2, 3, 4)).astype("float32")

@@ -52,9 +52,9 @@ class SharedEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, vocab_size, d_model, scale=True, embeddings_initializer=None, **kwargs):
-        # autocast=False: we cast by hand, after the gather (see class docstring). The matrix itself is
-        # built with autocast=False too: Keras autocasts a mixed layer's variables when it is called outside
-        # any other layer (a decoding step, a user's own code) whatever the layer's autocast.
+        # The layer's autocast=False keeps token ids that arrive as floats exact: Keras would cast them to
+        # the compute dtype, and bfloat16 holds integers exactly only up to 256. The matrix is built with
+        # autocast=False too (see `build`).
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         if vocab_size <= 0 or d_model <= 0:
@@ -72,6 +72,9 @@ class SharedEmbedding(keras.layers.Layer):
             shape=(self.vocab_size, self.d_model),
             # A copy: an instance passed to several layers gives each its own matrix.
             initializer=initializer_for_weight(self.embeddings_initializer),
+            # Gather from the float32 matrix and cast after (see class docstring). The variable's flag, not
+            # the layer's: Keras autocasts a mixed layer's variables when it is called outside any other
+            # layer (a decoding step, a user's own code), whatever the layer's autocast.
             autocast=False,
         )
         self.built = True
