@@ -209,7 +209,7 @@ def test_k_batches_train_like_one_batch_of_them_all_with_the_papers_optimizer(em
 
 def test_mirrored_strategy_accumulates_like_one_device():
     """Two replicas whose halves of each batch hold different numbers of tokens: the same gradient and
-    the same weights after UPDATES updates with the paper's optimizer as one device."""
+    the same weights after UPDATES updates with the paper's optimizer, and the same logged loss, as one device."""
     done = subprocess.run(
         [sys.executable, str(pathlib.Path(__file__).resolve()), "mirrored"],
         capture_output=True,
@@ -223,6 +223,8 @@ def test_mirrored_strategy_accumulates_like_one_device():
     assert any(a != b for a, b in result["half_tokens"]), result["half_tokens"]
     assert result["gradient_difference"] < 1e-5 * result["gradient_scale"]
     assert result["iterations"] == UPDATES and result["weight_difference"] < 1e-3
+    # The logged loss is the batches' mean loss, as on one device: each replica's part times the replicas.
+    assert result["logged_loss"] == pytest.approx(result["logged_loss_one_device"], rel=1e-5)
 
 
 def _mirrored_worker():
@@ -237,6 +239,7 @@ def _mirrored_worker():
     expected = [sum(n * g[v] for n, g in zip(tokens, gradients)) / sum(tokens) for v in range(len(gradients[0]))]
     applied = _applied_gradient(batches[:K], strategy)
     accumulated = _fit(_model(_papers_optimizer(), strategy), batches, UPDATES, accumulate=K)
+    one_device = _fit(_model(_papers_optimizer()), batches, UPDATES, accumulate=K)
     concatenated = [_concatenated(batches[u * K : (u + 1) * K]) for u in range(UPDATES)]
     reference = _fit(_model(_papers_optimizer()), concatenated, UPDATES)
     halves = [[int(np.count_nonzero(half)) for half in np.split(b[1], 2)] for b in batches]
@@ -247,6 +250,8 @@ def _mirrored_worker():
         "gradient_scale": max(float(np.max(np.abs(g))) for g in expected),
         "iterations": int(accumulated.optimizer.iterations.numpy()),
         "weight_difference": _max_difference(accumulated.get_weights(), reference.get_weights()),
+        "logged_loss": accumulated.history.history["loss"][-1],
+        "logged_loss_one_device": one_device.history.history["loss"][-1],
     }
     print(json.dumps(result))
 
