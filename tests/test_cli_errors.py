@@ -56,6 +56,18 @@ def test_train_refuses_missing_directory_and_empty_data_files_in_one_line(tmp_pa
         assert not (tmp_path / "run").exists()  # refused before the run directory is made
 
 
+def test_train_refuses_an_unknown_field_of_a_files_template_in_one_line(tmp_path):
+    proc = run_command(["train", "--data", "files:{lang}.en,{lang}.de", "--output", "run"], cwd=tmp_path)
+    assert (proc.returncode, error_lines(proc.stderr)) == (
+        2,
+        [
+            "keras-transformer train: --data files:{lang}.en,{lang}.de: files: path '{lang}.en' has {lang}; "
+            "a path may contain {split}, {src} and {tgt} (write a literal brace as '{{')"
+        ],
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_debug_flag_and_environment_add_the_traceback(tmp_path):
     argv = ["train", "--data", "files:nope.en,nope.de", "--validation-split", "none", "--output", "run"]
     line = "keras-transformer train: --data files:nope.en,nope.de: nope.en: no such file (train split)."

@@ -248,6 +248,26 @@ def test_load_dataset_specs(tmp_path):
     for bad in ("wmt", "tfds:", "files:only_one_path"):
         with pytest.raises(ValueError, match="multi30k"):
             data.load_dataset(bad, "train")
+    # Spaces around a path are not part of it.
+    assert data.DataSpec.parse(f" files:{tmp_path}/train.en , {tmp_path}/train.de ".strip()).paths == (
+        f"{tmp_path}/train.en",
+        f"{tmp_path}/train.de",
+    )
+
+
+@pytest.mark.parametrize(
+    "spec, problem",
+    [
+        ("files:data/{lang}.en,data/{lang}.de", r"path 'data/\{lang\}\.en' has \{lang\}; a path may contain"),
+        ("files:data/{split.en,b.de", r"path 'data/\{split\.en': expected '\}'"),
+        ("files:a.en,b/{}.de", r"path 'b/\{\}\.de' has \{\}"),
+    ],
+)
+def test_files_spec_refuses_an_unknown_template_field_by_name(spec, problem):
+    """Refused when parsed, naming the spec and the path, not a KeyError when the files are opened."""
+    with pytest.raises(ValueError, match=f"^files: {problem}"):
+        data.DataSpec.parse(spec)
+    assert data.DataSpec.parse("files:x{{y}}/{split}.{src},b.{tgt}").file_paths("dev") == ("x{y}/dev.en", "b.de")
     with pytest.raises(ValueError, match="valid values"):
         data.load_dataset("multi30k", "nosuchsplit")
 

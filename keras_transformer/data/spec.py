@@ -7,9 +7,13 @@ such a string; this is the only place that reads it.
 from __future__ import annotations
 
 import dataclasses
+import string
 
 # Split names accepted for the vendored Multi30k, mapped to its own names.
 _MULTI30K_SPLIT_ALIASES = {"validation": "val", "valid": "val", "dev": "val", "test": "test2016"}
+
+# The fields a "files:" path template may contain.
+_TEMPLATE_FIELDS = ("split", "src", "tgt")
 
 # How much of a streamed corpus trains the vocabulary: 2M sentences is enough text for BPE.
 TOKENIZER_PAIRS_FROM_STREAM = 1_000_000
@@ -47,8 +51,10 @@ class DataSpec:
         if isinstance(spec, str) and spec.startswith("tfds:") and len(spec) > len("tfds:"):
             return cls("tfds", name=spec[len("tfds:") :])
         if isinstance(spec, str) and spec.startswith("files:"):
-            paths = tuple(spec[len("files:") :].split(","))
+            paths = tuple(path.strip() for path in spec[len("files:") :].split(","))
             if len(paths) == 2 and all(paths):
+                for path in paths:
+                    _check_template(path)
                 return cls("files", paths=paths)
         raise ValueError(f"Unknown dataset spec {spec!r}; expected 'multi30k', 'tfds:NAME' or 'files:SRC,TGT'")
 
@@ -109,6 +115,20 @@ class DataSpec:
             sources.extend(s.decode("utf-8") for s in source_batch)
             targets.extend(t.decode("utf-8") for t in target_batch)
         return sources + targets
+
+
+def _check_template(path: str) -> None:
+    """Refuses a "files:" path whose braces are not `{split}`, `{src}` or `{tgt}` (`{{` is a brace)."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(path) if field is not None]
+    except ValueError as error:
+        raise ValueError(f"files: path {path!r}: {error} (write a literal brace as '{{{{')") from None
+    for field in fields:
+        if field not in _TEMPLATE_FIELDS:
+            raise ValueError(
+                f"files: path {path!r} has {{{field}}}; a path may contain {{split}}, {{src}} and {{tgt}} "
+                "(write a literal brace as '{{')"
+            )
 
 
 def load_dataset(spec, split: str = "train", src: str = "en", tgt: str = "de"):

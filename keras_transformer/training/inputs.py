@@ -39,7 +39,7 @@ def check_inputs(args):
     try:
         spec = DataSpec.parse(args.data)
     except ValueError as error:
-        raise ParameterError("data", f"{args.data!r} is not a data spec: {error}") from None
+        raise ParameterError("data", str(error)) from None
     fingerprint = {"data": str(spec), "src": args.src, "tgt": args.tgt}
     if spec.kind != "files":
         return fingerprint
