@@ -192,9 +192,29 @@ def test_parallel_text_no_final_newline_and_empty_files(tmp_path):
     src = _write(tmp_path / "a.en", ["a\n", "b"])
     tgt = _write(tmp_path / "a.de", ["x\n", "y"])
     assert _pairs(data.load_parallel_text(src, tgt)) == [("a", "x"), ("b", "y")]
-    empty_src, empty_tgt = _write(tmp_path / "e.en", b""), _write(tmp_path / "e.de", b"")
-    ds = data.load_parallel_text(empty_src, empty_tgt)
-    assert ds.element_spec == TEXT_SPEC and int(ds.cardinality()) == 0
+
+
+@pytest.mark.parametrize("content", [b"", b"\n \t\n"], ids=["empty", "blank"])
+def test_parallel_text_without_a_pair_is_refused_by_name(tmp_path, content):
+    """No pair to train or score on is an error that names both files, not an empty dataset."""
+    src, tgt = _write(tmp_path / "e.en", content), _write(tmp_path / "e.de", content)
+    with pytest.raises(ValueError, match=r"e\.en / .*e\.de: no pair has text on both sides"):
+        data.load_parallel_text(src, tgt)
+
+
+def test_parallel_text_names_the_file_it_cannot_read(tmp_path):
+    good = _write(tmp_path / "good.de", ["eins\n"])
+    (tmp_path / "dir.en").mkdir()
+    (tmp_path / "cut.en.gz").write_bytes(gzip.compress(b"one\n")[:-6])  # the stream ends early
+    (tmp_path / "bad.en.gz").write_bytes(b"\x1f\x8b" + b"not gzip")
+    for name, problem in (
+        ("missing.en", r"missing\.en: no such file"),
+        ("dir.en", r"dir\.en cannot be read \(a directory, not a file\)"),
+        ("cut.en.gz", r"cut\.en\.gz: broken gzip data"),
+        ("bad.en.gz", r"bad\.en\.gz: broken gzip data"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            data.load_parallel_text(tmp_path / name, good)
 
 
 # ---------------------------------------------------------------------------

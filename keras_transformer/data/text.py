@@ -15,6 +15,7 @@ import io
 import logging
 import os
 import re
+import zlib
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -40,18 +41,29 @@ def read_text_lines(path: str | os.PathLike) -> list[str]:
         path: file path; gzip files are detected by content, not by name.
 
     Raises:
-        ValueError: if the file is not valid UTF-8 (message gives the file and
-            the 1-based line number).
+        ValueError: if the file is missing, unreadable, a broken gzip stream,
+            or not valid UTF-8 (the message names the file, and the 1-based
+            line number).
     """
     path = os.fspath(path)
-    with tf.io.gfile.GFile(path, "rb") as f:
-        return decode_text_lines(f.read(), path)
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            data = f.read()
+    except tf.errors.NotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except tf.errors.OpError as error:
+        reason = "a directory, not a file" if tf.io.gfile.isdir(path) else error.message
+        raise ValueError(f"{path} cannot be read ({reason})") from None
+    return decode_text_lines(data, path)
 
 
 def decode_text_lines(data: bytes, name: str) -> list[str]:
     """`read_text_lines` of a file's bytes (plain or gzip), e.g. standard input's; `name` goes in errors."""
     if data[:2] == b"\x1f\x8b":
-        data = gzip.GzipFile(fileobj=io.BytesIO(data)).read()
+        try:
+            data = gzip.GzipFile(fileobj=io.BytesIO(data)).read()
+        except (OSError, EOFError, zlib.error) as error:
+            raise ValueError(f"{name}: broken gzip data ({error})") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -180,7 +192,8 @@ def load_parallel_text(
 
     Raises:
         ValueError: if the files have different line counts (names both files
-            and counts) or a file is not valid UTF-8 (names file and line).
+            and counts), no pair has text on both sides, or a file cannot be
+            read (`read_text_lines`: names the file, and the line).
     """
     src_path, tgt_path = os.fspath(src_path), os.fspath(tgt_path)
     sources = read_text_lines(src_path)
@@ -191,6 +204,8 @@ def load_parallel_text(
             f"{src_path} has {len(sources)} lines, {tgt_path} has {len(targets)} lines"
         )
     skipped = tuple(i + 1 for i, (s, t) in enumerate(zip(sources, targets)) if not s or not t)
+    if len(skipped) == len(sources):
+        raise ValueError(f"{src_path} / {tgt_path}: no pair has text on both sides ({len(sources)} lines)")
     if skipped:
         logger.warning(
             "Skipped %d of %d pairs with an empty side in %s / %s (lines %s%s)",
