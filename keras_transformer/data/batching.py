@@ -37,25 +37,35 @@ logger = logging.getLogger(__name__)
 # make_batches puts a dataset of known size up to this many pairs into one pool.
 MAX_DEFAULT_POOL_SIZE = 1_000_000
 
-# The most bytes one token covers: a SentencePiece piece has at most 16 characters (its
-# `max_sentencepiece_length`) of at most 4 UTF-8 bytes each. A side of more than
-# `MAX_BYTES_PER_TOKEN * max_length` bytes has more than `max_length` tokens.
+# The most bytes one token covers for SentencePiece's defaults (`Tokenizer.max_bytes_per_token`
+# gives a model's own): a piece has at most 16 characters (`max_sentencepiece_length`) of at most
+# 4 UTF-8 bytes each. Assumed for a tokenizer that does not say.
 MAX_BYTES_PER_TOKEN = 64
 
 
-def within_byte_limit(sources: tf.Tensor, targets: tf.Tensor, max_length: int) -> tf.Tensor:
-    """Which pairs (rank-1 `tf.string`) may fit in `max_length` tokens: neither side over
-    `MAX_BYTES_PER_TOKEN * max_length` bytes.
+def max_bytes_per_token(tokenizer) -> int | None:
+    """The tokenizer's `max_bytes_per_token`, or `MAX_BYTES_PER_TOKEN` if it has none (None: no bound)."""
+    return getattr(tokenizer, "max_bytes_per_token", MAX_BYTES_PER_TOKEN)
 
-    The pairs it rejects would be dropped after tokenization anyway; dropped
-    before it, one over-long line (a stray megabyte) costs no tokenization and
-    no ragged tensors, whose memory grows with the line's length.
+
+def within_byte_limit(
+    sources: tf.Tensor, targets: tf.Tensor, max_length: int, bytes_per_token: int | None = MAX_BYTES_PER_TOKEN
+) -> tf.Tensor:
+    """Which pairs (rank-1 `tf.string`) may fit in `max_length` tokens: neither side over
+    `bytes_per_token * max_length` bytes (all of them if `bytes_per_token` is None).
+
+    With the tokenizer's own bound (`max_bytes_per_token`), the pairs it
+    rejects would be dropped after tokenization anyway; dropped before it, one
+    over-long line (a stray megabyte) costs no tokenization and no ragged
+    tensors, whose memory grows with the line's length.
 
     Example:
         >>> within_byte_limit(tf.constant(["a b", "x" * 200]), tf.constant(["c", "d"]), max_length=3).numpy()
         array([ True, False])
     """
-    limit = MAX_BYTES_PER_TOKEN * max_length
+    if bytes_per_token is None:
+        return tf.ones_like(sources, dtype=tf.bool)
+    limit = bytes_per_token * max_length
     return tf.logical_and(tf.strings.length(sources) <= limit, tf.strings.length(targets) <= limit)
 
 
@@ -311,9 +321,11 @@ def _chunk_tokenizer(tokenizer, max_length, truncate, sampling_alpha):
         functools.partial(tokenizer.tokenize, sampling_alpha=sampling_alpha) if sampling_alpha else (tokenizer.tokenize)
     )
 
+    bytes_per_token = max_bytes_per_token(tokenizer)
+
     def tokenize_chunk(sources, targets):
         if not truncate:  # pairs too long in bytes are dropped before they cost memory
-            fits_bytes = within_byte_limit(sources, targets, max_length)
+            fits_bytes = within_byte_limit(sources, targets, max_length, bytes_per_token)
             sources, targets = tf.boolean_mask(sources, fits_bytes), tf.boolean_mask(targets, fits_bytes)
         # One SentencePiece call per chunk is much faster than one per sentence.
         src, tgt = tokenize(sources), tokenize(targets)

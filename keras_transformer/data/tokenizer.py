@@ -113,6 +113,27 @@ class Tokenizer(tf.Module):
         """Number of ids, including the four special ids (ids are `0..vocab_size-1`)."""
         return int(self._processor.get_piece_size())
 
+    @property
+    def max_bytes_per_token(self) -> int | None:
+        """The most bytes of text one token stands for, or None if there is no such bound.
+
+        A piece matches its own characters, of at most 4 UTF-8 bytes each; with
+        byte fallback an unknown character is one token per byte. Without byte
+        fallback a run of unknown characters is one unknown token however long
+        it is, and a normalizer other than "identity" may compose several
+        characters into one (NFKC): no bound. `make_batches` drops a pair with
+        a side over `max_length` times this many bytes before tokenizing it
+        (`data.within_byte_limit`).
+        """
+        from sentencepiece import sentencepiece_model_pb2
+
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(self._proto)
+        if not model.trainer_spec.byte_fallback or model.normalizer_spec.name != "identity":
+            return None
+        text_pieces = (model.SentencePiece.NORMAL, model.SentencePiece.USER_DEFINED)
+        return 4 * max(len(piece.piece) for piece in model.pieces if piece.type in text_pieces)
+
     pad_id = PAD_ID
     unk_id = UNK_ID
     bos_id = BOS_ID

@@ -52,10 +52,11 @@ def count_batches_per_epoch(pairs, tokenizer, batch_tokens, max_length, num_repl
     sizes = data.bucket_batch_sizes(boundaries, batch_tokens, num_replicas)
     src, tgt = pairs
     counts = np.zeros(len(boundaries), np.int64)
-    chunk = 8192
+    chunk, bytes_per_token = 8192, data.max_bytes_per_token(tokenizer)
     for start in range(0, int(src.shape[0]), chunk):
         src_chunk, tgt_chunk = src[start : start + chunk], tgt[start : start + chunk]
-        fits_bytes = data.within_byte_limit(src_chunk, tgt_chunk, max_length)  # as make_batches: not tokenized
+        # As make_batches: not tokenized.
+        fits_bytes = data.within_byte_limit(src_chunk, tgt_chunk, max_length, bytes_per_token)
         src_chunk, tgt_chunk = tf.boolean_mask(src_chunk, fits_bytes), tf.boolean_mask(tgt_chunk, fits_bytes)
         s_len = tokenizer.tokenize(src_chunk).row_lengths().numpy() + 1
         t_len = tokenizer.tokenize(tgt_chunk).row_lengths().numpy() + 1
