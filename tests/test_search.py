@@ -291,6 +291,23 @@ def test_length_penalty_changes_the_chosen_hypothesis(use_cache):
     assert unpad(ids[0]) == [EOS]
 
 
+def test_a_translators_one_best_at_beam_size_1_is_its_greedy_translation(spm500):
+    """`translate(n_best=1)` and `translate()` agree at beam size 1 (the SavedModel's two signatures too):
+    a beam of one searching on past its first end token would find [a, a, a, a, eos] here, not [eos]."""
+    import types
+
+    from keras_transformer.data.tokenizer import Tokenizer
+    from keras_transformer.inference.translator import Translator
+
+    model = ScriptedModel()
+    model.config = types.SimpleNamespace(positional_encoding="sinusoidal", max_length=64, vocab_size=6)
+    translator = Translator(model, Tokenizer(spm500), beam_size=1, alpha=0.6, max_extra_length=8)
+    texts, scores = translator.translate(["A dog.", "Two men."], return_scores=True)
+    assert texts == ["", ""]  # [eos]
+    n_best = translator.translate(["A dog.", "Two men."], n_best=1)
+    assert n_best == [[(text, pytest.approx(score))] for text, score in zip(texts, scores)]
+
+
 def test_search_stops_early():
     """The loop ends as soon as no alive hypothesis can beat the best finished one."""
     model = ScriptedModel()

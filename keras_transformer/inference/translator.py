@@ -324,8 +324,10 @@ class Translator(tf.Module):
         (scores as `translate_strings`'); a blank input gets `n_best` empty
         translations scored 0. Beam search with `return_all=True`: a sentence
         stops only when no alive hypothesis can beat its `beam_size`-th
-        finished one, so each of the n is exact. `target_prefixes`: as
-        `translate_with_prefix`'s; each of the n starts with its prefix.
+        finished one (with `early_stopping="exact"`, the default, each of the
+        n is then exact). At beam size 1 the one best is `translate_strings`'
+        greedy translation. `target_prefixes`: as `translate_with_prefix`'s;
+        each of the n starts with its prefix.
         """
         self._n_best_search(n_best, target_prefixes is not None)
         return self._n_best_graph(inputs, n_best, target_prefixes)
@@ -336,6 +338,8 @@ class Translator(tf.Module):
             raise ParameterError(
                 "n_best", f"must be between 1 and the beam size {self.beam_size} (and no sampling), got {n_best}."
             )
+        if self.beam_size == 1:
+            return None  # `_n_best_graph` gives the translation's greedy search
         if prefixed not in self._search_all:
             self._search_all[prefixed] = decoding.make_decode_fn(
                 self.model,
@@ -353,6 +357,11 @@ class Translator(tf.Module):
         return self._search_all[prefixed]
 
     def _n_best_graph(self, inputs, n_best, target_prefixes=None, alignments=False):
+        if self.beam_size == 1:
+            # The translation itself, as greedy search gives it: a beam of one that searched on past its
+            # first end token (`return_all`) could find another.
+            answer = self._translations(inputs, target_prefixes, alignments)
+            return {key: value[:, None] for key, value in answer.items()}
         inputs = checked_request(inputs, self.max_batch_size, target_prefixes)
         sentences = self.normalized(self.bounded(inputs))
         blank = tf.equal(tf.strings.length(sentences), 0)
