@@ -71,6 +71,19 @@ def test_sampling_is_reproducible_for_a_seed_and_varies_with_it(model):
     assert len({tuple(row) for row in first.numpy()}) > 1
 
 
+def test_each_batch_draws_its_own_samples_for_a_seed(model):
+    """The seed is keyed by the batch: the same 8 rows beside another sentence draw other samples, where a
+    seed keyed by the row alone would give row r of every batch (every batch of a `translate`) the same
+    numbers. The same batch draws the same samples."""
+    repeated = np.repeat(sources(2, (6,)), 8, axis=0)
+    batches = [np.concatenate([repeated, sources(seed, (6,))]) for seed in (3, 4)]
+    first, _ = sampling_search(model, batches[0], temperature=2.0, seed=7, max_length=10)
+    second, _ = sampling_search(model, batches[1], temperature=2.0, seed=7, max_length=10)
+    again, _ = sampling_search(model, batches[0], temperature=2.0, seed=7, max_length=10)
+    assert not np.array_equal(first.numpy()[:8], second.numpy()[:8])
+    np.testing.assert_array_equal(first.numpy(), again.numpy())
+
+
 def test_sampling_scores_are_the_models_log_probabilities_of_the_samples(model):
     ids, scores = sampling_search(model, sources(3), temperature=1.5, top_k=10, seed=3, max_length=10, min_length=2)
     ids = ids.numpy()

@@ -61,7 +61,7 @@ def greedy_search_graph(
     its log-probability. In a plain graph,
     finished sentences leave the batch, as in `beam_search_graph`, except
     when sampling: a seeded draw depends on the sentence's row in the batch,
-    so the batch keeps its rows and a seed always gives the same samples.
+    so the batch keeps its rows and a seed gives a batch the same samples.
     """
     batch_size = tf.shape(source_ids)[0]
     buffer_length, limits = output_limits(model, source_ids, max_length, max_extra_length)  # L, [B]

@@ -113,8 +113,12 @@ def sampling_search(
         temperature: > 0 and finite; 1 samples from the model, smaller is
             closer to greedy.
         top_k: 0 for the whole vocabulary; 1 is greedy search.
-        seed: an int makes the draws reproducible (stateless random ops keyed
-            by the seed and the step); None draws a new seed at every call.
+        seed: an int makes the draws reproducible: stateless random ops
+            keyed by the seed, the batch's source tokens and the step, so a
+            batch draws the same samples at every call, and other batches
+            other ones. A sentence's draw also depends on its row and its
+            batch: the same sentence in another batch gets another sample.
+            None draws a new seed at every call.
         no_repeat_ngram_size: N > 0 never draws a token that would repeat an
             N-gram of the output (its probability is 0); 0 (default): off.
         target_prefix: None, or int `[B, P]`: the tokens each output starts
@@ -144,7 +148,8 @@ def sampling_search(
     if seed is None:
         base_seed = tf.random.uniform([], maxval=2**31 - 1, dtype=tf.int32)
     else:
-        base_seed = tf.constant(seed, tf.int32)
+        # Keyed by the batch too: with the seed alone, row r of every batch would draw the same numbers.
+        base_seed = tf.bitwise.bitwise_xor(tf.constant(seed, tf.int32), _batch_key(source_ids))
 
     def choose_tokens(log_probs, i):
         logits = log_probs / tf.cast(temperature, log_probs.dtype)
@@ -159,6 +164,14 @@ def sampling_search(
         model, source_ids, **greedy_options, choose_tokens=choose_tokens, target_prefix=target_prefix
     )
     return trim_padding(token_ids), scores
+
+
+def _batch_key(source_ids):
+    """int32 scalar in `[0, 2**31 - 1)` from the tokens of a batch `[B, S]` and their places (padding adds 0)."""
+    places = tf.range(tf.size(source_ids, out_type=tf.int64), dtype=tf.int64)
+    weights = (places + 1) * 2654435761 % 2147483647  # a different multiplier for every place
+    products = tf.cast(tf.reshape(source_ids, [-1]), tf.int64) * weights % 2147483647
+    return tf.cast(tf.reduce_sum(products) % 2147483647, tf.int32)
 
 
 def beam_search(

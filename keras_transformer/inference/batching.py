@@ -18,7 +18,9 @@ Decoding a batch is a chain of small ops that leaves cores idle, so
 `workers` batches are decoded at the same time, each round of `workers`
 batches dealt sentences of the same lengths so that no worker waits for
 another (`even_batches`; measurements in `benchmarks/README.md`,
-"Batching of translate"). Results do not depend on the batching.
+"Batching of translate"). Results do not depend on the batching, except
+sampled ones: a seeded sample depends on the sentence's batch
+(`decoding.sampling_search`).
 """
 
 import concurrent.futures
@@ -167,7 +169,8 @@ def translate_stream(
     The sentences are decoded window by window (`stream_windows`), each
     window in length order and even batches as `translate_in_batches`
     decodes all of them; the answers are the same, since a sentence's
-    translation does not depend on its batch. A reader of the output (a
+    translation does not depend on its batch (a sampled one does: this
+    order's batches draw their own samples). A reader of the output (a
     pipe) sees it grow, and a stopped run keeps what was yielded.
 
     Args:

@@ -440,7 +440,8 @@ class Translator(tf.Module):
             return_scores: also return the list of scores.
             workers: batches decoded at the same time (threads): a decoding
                 step is a chain of small ops that leaves cores idle. Results
-                do not depend on it.
+                do not depend on it, nor on `batch_size`, except samples
+                (`sampling`): a seeded sample depends on its batch.
             n_best: None for one translation per sentence; N (at most the
                 beam size) for the N best of each, best first, as lists of
                 `(translation, score)` (`return_scores` is then implied).
