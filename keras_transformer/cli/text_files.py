@@ -31,10 +31,10 @@ def read_lines(path, flag):
     where = f"{flag} {path}"
     if os.path.isdir(path):
         raise CommandError(f"{where}: is a directory, not a file.")
+    if not tf.io.gfile.exists(path):
+        raise CommandError(f"{where}: no such file.")
     try:
         return read_text_lines(path)
-    except tf.errors.NotFoundError:
-        raise CommandError(f"{where}: no such file.") from None
     except (OSError, ValueError, tf.errors.OpError) as error:
         message = first_line(getattr(error, "message", error))
         # The reader's own messages start with the path ("FILE: line 2: invalid UTF-8").
