@@ -587,6 +587,29 @@ def test_invalid_options(random_model, sources):
         make_decode_fn(random_model, "sample")
     with pytest.raises(TypeError, match="beam_size"):
         make_decode_fn(random_model, "greedy", beam_size=4)
+    with pytest.raises(ValueError, match="alpha must be >= 0 and finite"):
+        beam_search(random_model, sources, alpha=float("inf"))
+
+
+def test_ids_outside_the_vocabulary_are_refused_by_name_and_place(random_model, sources):
+    """A gather would fail deep in the graph, or, for -1, silently read the last token's embedding."""
+    from keras_transformer.decoding import sampling_search
+    from keras_transformer.errors import ParameterError
+
+    for bad, where in ((12, "row 2, position 1: id 12"), (-1, "row 2, position 1: id -1")):
+        broken = sources.copy()
+        broken[2, 1] = bad
+        for search in (greedy_search, beam_search, sampling_search):
+            with pytest.raises(ParameterError, match=rf"^source_ids {where} is not in \[0, 12\)\.$"):
+                search(random_model, broken)
+    with pytest.raises(ParameterError, match="^eos_id must be below the model's vocab_size 12, got 99"):
+        greedy_search(random_model, sources, eos_id=99)
+    with pytest.raises(ParameterError, match="^bos_id must be below the model's vocab_size 12, got 12"):
+        beam_search(random_model, sources, bos_id=12)
+    prefix = np.zeros((len(sources), 2), np.int32)
+    prefix[1, 1] = 12
+    with pytest.raises(ParameterError, match="^target_prefix row 1, position 1: id 12 is not below vocab_size 12"):
+        beam_search(random_model, sources, target_prefix=prefix)
 
 
 # ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ Without prefixes (None) none of this is in the graph: the searches hold the
 same ops as before and give the same outputs.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer import compat
@@ -76,7 +77,7 @@ def checked_prefix(target_prefix, limits):
         return tf.identity(prefix)
 
 
-def check_target_prefix(target_prefix, limits, eos_id):
+def check_target_prefix(target_prefix, limits, eos_id, vocab_size=None):
     """Refuses eager `target_prefix [B, P]` with a `ParameterError` (one line) before any decoding.
 
     Args:
@@ -84,6 +85,7 @@ def check_target_prefix(target_prefix, limits, eos_id):
         limits: int `[B]`, each sentence's maximum output length.
         eos_id: the end token, which a prefix may not hold: it would end
             the output inside its prefix.
+        vocab_size: the model's, which every id must be below (None: unchecked).
     """
     prefix = tf.convert_to_tensor(target_prefix)
     if not prefix.dtype.is_integer or prefix.shape.rank != 2:
@@ -96,6 +98,10 @@ def check_target_prefix(target_prefix, limits, eos_id):
         raise ParameterError("target_prefix", f"has {prefix.shape[0]} rows for {limits.shape[0]} sentences.")
     if (prefix < 0).any() or (prefix == eos_id).any():
         raise ParameterError("target_prefix", f"must hold token ids >= 0 (0: none) other than the end token {eos_id}.")
+    if vocab_size is not None and (prefix >= vocab_size).any():
+        row, column = (int(n) for n in np.argwhere(prefix >= vocab_size)[0])
+        message = f"row {row}, position {column}: id {prefix[row, column]} is not below vocab_size {vocab_size}."
+        raise ParameterError("target_prefix", message)
     lengths = prefix_lengths(tf.constant(prefix)).numpy()
     for row, (length, limit) in enumerate(zip(lengths, limits)):
         if length > limit:

@@ -8,6 +8,7 @@ themselves are in `keras_transformer.decoding.loops`.
 import inspect
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer.decoding.defaults import (
@@ -386,8 +387,8 @@ def _check_options(
         raise ValueError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}.")
-    if not float(alpha) >= 0.0:
-        raise ValueError(f"alpha must be >= 0, got {alpha!r}.")
+    if not 0.0 <= float(alpha) < float("inf"):
+        raise ValueError(f"alpha must be >= 0 and finite, got {alpha!r}.")
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise ValueError(f"max_length must be None or a positive integer, got {max_length!r}.")
     if isinstance(max_extra_length, bool) or not isinstance(max_extra_length, int) or max_extra_length < 1:
@@ -414,14 +415,36 @@ def _eager_call(model, method, source_ids, options, target_prefix=None):
     if key not in functions:
         model_ref = weakref.ref(model)  # the cache must not keep the model alive
         functions[key] = _make_decode_fn(model_ref, method, False, options, prefixed)
+    vocab_size = _checked_ids(model, source_ids, options)
     source_ids = tf.cast(source_ids, tf.int32)
     if not prefixed:
         return functions[key](source_ids)
     _, limits = output_limits(
         model, source_ids, options["max_length"], options.get("max_extra_length", EXTRA_OUTPUT_LENGTH)
     )
-    check_target_prefix(target_prefix, limits, options.get("eos_id", EOS_ID))
+    check_target_prefix(target_prefix, limits, options.get("eos_id", EOS_ID), vocab_size)
     return functions[key](source_ids, tf.cast(target_prefix, tf.int32))
+
+
+def _checked_ids(model, source_ids, options):
+    """Refuses eager source ids and start/end ids outside the model's vocabulary (a gather would fail
+    deep in the graph, or, for a negative id, read another token's row); returns the vocabulary size
+    (None for a model without `config.vocab_size`: unchecked)."""
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab_size is None:
+        return None
+    for name in ("bos_id", "eos_id"):
+        value = options.get(name, BOS_ID if name == "bos_id" else EOS_ID)
+        if not 0 <= value < vocab_size:
+            raise ParameterError(name, f"must be below the model's vocab_size {vocab_size}, got {value}.")
+    ids = np.asarray(source_ids)
+    outside = (ids < 0) | (ids >= vocab_size)
+    if outside.any():
+        row, column = (int(n) for n in np.argwhere(outside)[0])
+        raise ParameterError(
+            "source_ids", f"row {row}, position {column}: id {ids[row, column]} is not in [0, {vocab_size})."
+        )
+    return vocab_size
 
 
 def _make_decode_fn(get_model, method, jit_compile, options, with_target_prefix=False):
