@@ -60,6 +60,18 @@ def test_sampling_draws_from_the_distribution_divided_by_the_temperature(model):
         assert not np.array_equal(warm.numpy(), greedy_ids.numpy())
 
 
+def test_a_temperature_too_small_for_float32_still_draws_the_best_token(model):
+    """At float32's smallest normal temperature every log-probability below -4 divided by it overflows to
+    -inf, the best one too, unless the best is shifted to 0 first. A subnormal one is flushed to 0: refused."""
+    keras.utils.set_random_seed(6)
+    flat = Transformer(TransformerConfig.tiny(4000, dropout=0.0, num_layers=1, d_model=32, d_ff=64))  # best < -4
+    greedy_ids, _ = greedy_search(flat, sources(), max_length=12)
+    cold, _ = sampling_search(flat, sources(), temperature=float(np.finfo(np.float32).tiny), seed=1, max_length=12)
+    np.testing.assert_array_equal(cold.numpy(), greedy_ids.numpy())
+    with pytest.raises(ValueError, match=r"temperature must be finite and at least 1.2e-38 .*, got 1e-39"):
+        sampling_search(model, sources(), temperature=1e-39)
+
+
 def test_sampling_is_reproducible_for_a_seed_and_varies_with_it(model):
     src = np.repeat(sources(2, (6,)), 8, axis=0)  # one sentence, 8 draws
     first, _ = sampling_search(model, src, temperature=2.0, seed=7, max_length=10)

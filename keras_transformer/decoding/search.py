@@ -153,7 +153,8 @@ def sampling_search(
         base_seed = tf.bitwise.bitwise_xor(tf.constant(seed, tf.int32), _batch_key(source_ids))
 
     def choose_tokens(log_probs, i):
-        logits = log_probs / tf.cast(temperature, log_probs.dtype)
+        # Shifted so that the best token is at 0: a tiny temperature then makes the others -inf, not all of them.
+        logits = (log_probs - tf.reduce_max(log_probs, axis=-1, keepdims=True)) / tf.cast(temperature, log_probs.dtype)
         if top_k:
             kth = tf.math.top_k(logits, k=min(top_k, logits.shape[-1] or top_k)).values[:, -1:]  # [B, 1]
             logits = tf.where(logits < kth, NEG_INF, logits)
@@ -376,8 +377,9 @@ def _check_options(
     length_penalty=DEFAULT_LENGTH_PENALTY,
     **_,
 ):
-    if not 0.0 < float(temperature) < float("inf"):
-        raise ValueError(f"temperature must be > 0 and finite, got {temperature!r}.")
+    # It divides float32 log-probabilities: below float32's smallest normal number, CPUs flush it to 0.
+    if not np.finfo(np.float32).tiny <= float(temperature) < float("inf"):
+        raise ValueError(f"temperature must be finite and at least 1.2e-38 (float32's tiny), got {temperature!r}.")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
