@@ -302,3 +302,19 @@ def test_translator_searches_with_its_early_stopping_rule(tokenizer):
     differ = np.abs(outputs["exact"] - outputs["k_finished"]) > 1e-6
     assert differ.any()
     assert np.all(outputs["exact"][differ] > outputs["k_finished"][differ])  # the exact search finds better ones
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_bad_alpha_and_early_stopping_are_refused_whatever_the_search(tokenizer, beam_size):
+    """Greedy search and sampling divide their scores by the length penalty too: a negative alpha would
+    multiply them."""
+    from keras_transformer.errors import ParameterError
+
+    model = Transformer(TransformerConfig.tiny(vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64))
+    for options, message in (
+        (dict(alpha=-1.0), "^alpha must be >= 0 and finite, got -1.0"),
+        (dict(alpha=float("inf")), "^alpha must be >= 0 and finite, got inf"),
+        (dict(early_stopping="never"), "^early_stopping must be one of exact, k_finished, got 'never'"),
+    ):
+        with pytest.raises(ParameterError, match=message):
+            Translator(model, tokenizer, beam_size=beam_size, **options)

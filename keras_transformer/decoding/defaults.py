@@ -41,9 +41,34 @@ def check_length_penalty(length_penalty):
     return length_penalty
 
 
+def check_alpha(alpha):
+    """Returns `alpha` as a float if it is >= 0 and finite (the length penalty's exponent), else raises a
+    `ParameterError`.
+
+    Example:
+        >>> check_alpha(0.6)
+        0.6
+    """
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(alpha, bool) or not 0.0 <= value < float("inf"):
+        raise ParameterError("alpha", f"must be >= 0 and finite, got {alpha!r}.")
+    return value
+
+
 # When a sentence's beam search ends (see `beam_search`); the first is the default.
 EARLY_STOPPING = ("exact", "k_finished")
 DEFAULT_EARLY_STOPPING = EARLY_STOPPING[0]
+
+
+def check_early_stopping(early_stopping):
+    """Returns `early_stopping` if it is one of `EARLY_STOPPING`, else raises a `ParameterError` naming them."""
+    if early_stopping not in EARLY_STOPPING:
+        raise ParameterError("early_stopping", f"must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
+    return early_stopping
+
 
 # Not the paper's: sentences per decoding call of `Translator.translate` (and so of `translate`,
 # `evaluate`, validation BLEU and the demo's scoring), which sorts the input by length first; chosen

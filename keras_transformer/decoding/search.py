@@ -16,9 +16,10 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_BEAM_SIZE,
     DEFAULT_EARLY_STOPPING,
     DEFAULT_LENGTH_PENALTY,
-    EARLY_STOPPING,
     EXTRA_OUTPUT_LENGTH,
     NEG_INF,
+    check_alpha,
+    check_early_stopping,
     check_length_penalty,
 )
 from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
@@ -385,12 +386,10 @@ def _check_options(
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be None or an integer, got {seed!r}.")
     check_length_penalty(length_penalty)
-    if early_stopping not in EARLY_STOPPING:
-        raise ValueError(f"early_stopping must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
+    check_early_stopping(early_stopping)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}.")
-    if not 0.0 <= float(alpha) < float("inf"):
-        raise ValueError(f"alpha must be >= 0 and finite, got {alpha!r}.")
+    check_alpha(alpha)
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise ValueError(f"max_length must be None or a positive integer, got {max_length!r}.")
     if isinstance(max_extra_length, bool) or not isinstance(max_extra_length, int) or max_extra_length < 1:

@@ -39,6 +39,8 @@ from keras_transformer.decoding.defaults import (
     DEFAULT_TRANSLATE_BATCH_SIZE,
     DEFAULT_TRANSLATE_WORKERS,
     EXTRA_OUTPUT_LENGTH,
+    check_alpha,
+    check_early_stopping,
     check_length_penalty,
 )
 from keras_transformer.decoding.prefixes import prefix_lengths
@@ -151,9 +153,10 @@ class Translator(tf.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.beam_size = int(beam_size)
-        self.alpha = float(alpha)
+        # Checked whatever the search: greedy search and sampling divide their scores by the length penalty too.
+        self.alpha = check_alpha(alpha)
         self.max_extra_length = int(max_extra_length)
-        self.early_stopping = early_stopping
+        self.early_stopping = check_early_stopping(early_stopping)
         self.length_penalty = check_length_penalty(length_penalty)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         alignment_layer_index(model, alignment_layer)  # refused now, not at the first alignment
