@@ -120,6 +120,19 @@ def test_n_best_hypotheses_are_distinct(model, sources, prefixes):
     assert np.all(np.diff(scores.numpy(), axis=1) <= 0)  # best first
 
 
+@pytest.mark.parametrize("early_stopping", ["exact", "k_finished"])
+def test_a_prefix_as_long_as_the_output_leaves_one_hypothesis(model, sources, early_stopping):
+    """Every token is forced: one hypothesis exists. The other K-1 entries are padding scored NEG_INF, not
+    the start's placeholder hypotheses finished at the length limit (the prefix cut short, scored -8e8)."""
+    prefix = np.array([[7, 7, 9]] * len(sources), np.int32)
+    token_ids, scores = beam_search(
+        model, sources, max_length=3, target_prefix=prefix, return_all=True, early_stopping=early_stopping
+    )
+    token_ids, scores = np.asarray(token_ids), np.asarray(scores)
+    assert (token_ids[:, 0] == prefix).all() and (scores[:, 0] > -1e6).all()
+    assert (token_ids[:, 1:] == 0).all() and (scores[:, 1:] == -1e9).all()
+
+
 @pytest.mark.parametrize("method", ["greedy", "beam", "sampling"])
 def test_scores_are_the_log_probability_of_the_whole_output(model, sources, prefixes, method):
     """Greedy and sampling give log P(Y | X), beam search log P / lp(|Y|): the prefix is scored, not skipped."""

@@ -278,7 +278,10 @@ def _beam_step(
     #    beam), scored with the length penalty; keep the K best overall.
     in_beam = tf.range(2 * k) < k  # [2K]
     new_scores = top_log_probs / length_penalty(length, alpha, penalty_kind)  # [B, 2K]
-    new_scores = tf.where(ends & in_beam, new_scores, NEG_INF)
+    # A candidate of a placeholder hypothesis (`_initial_beams`) is none: at the length limit right after a
+    # forced prefix, it would otherwise finish as padding.
+    real = top_log_probs > NEG_INF / 2  # [B, 2K]
+    new_scores = tf.where(ends & in_beam & real, new_scores, NEG_INF)
     merged_scores = tf.concat([beams["finished_scores"], new_scores], axis=1)  # [B, 3K]
     merged_ids = tf.concat([beams["finished_ids"], top_ids], axis=1)  # [B, 3K, L]
     new_finished_scores, keep = tf.math.top_k(merged_scores, k=k)  # [B, K]

@@ -295,7 +295,9 @@ def beam_search(
         `token_ids` int32 `[B, L]` (`[B, K, L]` with `return_all`): without the
         start token, ending with `eos_id` (or at the length limit), then
         0-padded; L is the longest returned output. `scores` float32 `[B]` (`[B, K]`): the length-penalized
-        log-probabilities, best first.
+        log-probabilities, best first. Where fewer than K hypotheses exist (a
+        prefix as long as the output leaves one), the others are all padding,
+        scored `NEG_INF`.
 
     Beam size 1 with alpha = 0 gives the greedy result and score. The pad id
     is never generated.

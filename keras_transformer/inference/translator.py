@@ -325,7 +325,9 @@ class Translator(tf.Module):
 
         Returns `{"translations": tf.string [N, n_best], "scores": float32 [N, n_best]}`
         (scores as `translate_strings`'); a blank input gets `n_best` empty
-        translations scored 0. Beam search with `return_all=True`: a sentence
+        translations scored 0, and an entry no hypothesis fills (a prefix as
+        long as the output leaves one) is "" scored -1e9. Beam search with
+        `return_all=True`: a sentence
         stops only when no alive hypothesis can beat its `beam_size`-th
         finished one (with `early_stopping="exact"`, the default, each of the
         n is then exact). At beam size 1 the one best is `translate_strings`'
