@@ -235,6 +235,7 @@ def test_check_text_file_counts_lines_as_read_text_lines_and_hashes_the_bytes(tm
 
 def test_check_text_file_names_what_it_cannot_read(tmp_path):
     (tmp_path / "empty.en").write_bytes(b"")
+    (tmp_path / "bom.en").write_bytes("\ufeff".encode())  # read_text_lines reads no line from it
     (tmp_path / "bad.en").write_bytes(b"fine\n" * 300_000 + b"caf\xe9\nmore\n")  # past the first block
     (tmp_path / "cut.en").write_bytes("ok\nMänner".encode()[:-5])  # ends inside a character
     (tmp_path / "dir.en").mkdir()
@@ -242,6 +243,7 @@ def test_check_text_file_names_what_it_cannot_read(tmp_path):
         ("missing.en", "missing.en: no such file"),
         ("dir.en", "dir.en is a directory, not a file"),
         ("empty.en", "empty.en is empty"),
+        ("bom.en", "bom.en is empty"),
         ("bad.en", "bad.en: line 300001: invalid UTF-8"),
         ("cut.en", "cut.en: line 2: invalid UTF-8"),
     ):

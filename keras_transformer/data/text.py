@@ -112,7 +112,7 @@ def check_text_file(path: str | os.PathLike) -> dict:
         raise ValueError(f"{path} is a directory, not a file")
     digest = hashlib.sha256()
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    lines, last, size = 0, b"\n", 0
+    lines, last, size, first = 0, b"\n", 0, b""
     try:
         with open(path, "rb") as raw:
             for block in iter(lambda: raw.read(1 << 20), b""):
@@ -128,13 +128,14 @@ def check_text_file(path: str | os.PathLike) -> dict:
                     line = lines + block.count(b"\n", 0, err.start) + 1
                     raise ValueError(f"{path}: line {line}: invalid UTF-8 ({err.reason})") from None
                 lines += block.count(b"\n")
+                first = first or block[: len(codecs.BOM_UTF8)]
                 last, size = block[-1:], size + len(block)
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as err:  # a character cut at the end of the file
         raise ValueError(f"{path}: line {lines + 1}: invalid UTF-8 ({err.reason})") from None
     except (OSError, EOFError) as error:  # unreadable, a broken gzip stream
         raise ValueError(f"{path} cannot be read ({getattr(error, 'strerror', None) or error})") from None
-    if size == 0:
+    if size == 0 or (size == len(codecs.BOM_UTF8) and first == codecs.BOM_UTF8):  # read_text_lines skips a BOM
         raise ValueError(f"{path} is empty")
     return {"path": path, "lines": lines + (last != b"\n"), "sha256": digest.hexdigest()}
 
