@@ -592,7 +592,8 @@ def test_invalid_options(random_model, sources):
 
 
 def test_ids_outside_the_vocabulary_are_refused_by_name_and_place(random_model, sources):
-    """A gather would fail deep in the graph, or, for -1, silently read the last token's embedding."""
+    """A gather would fail deep in the graph, or, for -1, silently read the last token's embedding; a row
+    of padding only would decode the model's guess from nothing."""
     from keras_transformer.decoding import sampling_search
     from keras_transformer.errors import ParameterError
 
@@ -602,6 +603,12 @@ def test_ids_outside_the_vocabulary_are_refused_by_name_and_place(random_model, 
         for search in (greedy_search, beam_search, sampling_search):
             with pytest.raises(ParameterError, match=rf"^source_ids {where} is not in \[0, 12\)\.$"):
                 search(random_model, broken)
+    empty = sources.copy()
+    empty[3] = 0
+    with pytest.raises(ParameterError, match="^source_ids row 3 has no token: there is nothing to translate"):
+        greedy_search(random_model, empty)
+    with pytest.raises(ParameterError, match="^source_ids row 0 has no token"):
+        beam_search(random_model, np.zeros((2, 0), np.int32))
     with pytest.raises(ParameterError, match="^eos_id must be below the model's vocab_size 12, got 99"):
         greedy_search(random_model, sources, eos_id=99)
     with pytest.raises(ParameterError, match="^bos_id must be below the model's vocab_size 12, got 12"):

@@ -430,9 +430,10 @@ def _eager_call(model, method, source_ids, options, target_prefix=None):
 
 
 def _checked_ids(model, source_ids, options):
-    """Refuses eager source ids and start/end ids outside the model's vocabulary (a gather would fail
-    deep in the graph, or, for a negative id, read another token's row); returns the vocabulary size
-    (None for a model without `config.vocab_size`: unchecked)."""
+    """Refuses eager source ids outside the model's vocabulary (a gather would fail deep in the graph, or,
+    for a negative id, read another token's row), a row of padding only (its output would be the model's
+    guess from nothing) and start/end ids outside the vocabulary; returns the vocabulary size (None for a
+    model without `config.vocab_size`: unchecked)."""
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab_size is None:
         return None
@@ -441,6 +442,11 @@ def _checked_ids(model, source_ids, options):
         if not 0 <= value < vocab_size:
             raise ParameterError(name, f"must be below the model's vocab_size {vocab_size}, got {value}.")
     ids = np.asarray(source_ids)
+    if ids.ndim != 2:
+        raise ParameterError("source_ids", f"must be an integer [batch, length] array, got shape {ids.shape}.")
+    empty = (ids == PAD_ID).all(axis=-1)  # every row of a [B, 0] array too
+    if empty.any():
+        raise ParameterError("source_ids", f"row {int(np.argmax(empty))} has no token: there is nothing to translate.")
     outside = (ids < 0) | (ids >= vocab_size)
     if outside.any():
         row, column = (int(n) for n in np.argwhere(outside)[0])
