@@ -292,10 +292,11 @@ def train_tokenizer(
         byte_fallback: encode characters outside the vocabulary as UTF-8 byte
             pieces instead of UNK, so any text round-trips (costs 256 ids).
         normalization_rule_name: SentencePiece text normalization. The default
-            "identity" leaves characters untouched (only runs of spaces are
-            collapsed), so decoding gives back exactly the input text, e.g. the
-            no-break spaces and soft hyphens found in Multi30k/newstest
-            references. "nmt_nfkc" (SentencePiece's default) would map them,
+            "identity" leaves characters untouched, so decoding gives back the
+            input text, e.g. the no-break spaces and soft hyphens found in
+            Multi30k/newstest references, except for spaces: leading and
+            trailing ones are dropped, runs of them become one, and a literal
+            U+2581 (SentencePiece's space mark) comes back as a space. "nmt_nfkc" (SentencePiece's default) would map them,
             and other compatibility characters, to their NFKC forms.
         max_sentence_length: longer sentences (in bytes) are ignored for training.
         num_threads: trainer threads (recorded in the model, so it is fixed for
