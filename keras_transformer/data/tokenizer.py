@@ -296,8 +296,9 @@ def train_tokenizer(
             input text, e.g. the no-break spaces and soft hyphens found in
             Multi30k/newstest references, except for spaces: leading and
             trailing ones are dropped, runs of them become one, and a literal
-            U+2581 (SentencePiece's space mark) comes back as a space. "nmt_nfkc" (SentencePiece's default) would map them,
-            and other compatibility characters, to their NFKC forms.
+            U+2581 (SentencePiece's space mark) comes back as a space.
+            "nmt_nfkc" (SentencePiece's default) would map the no-break spaces,
+            soft hyphens and other compatibility characters to their NFKC forms.
         max_sentence_length: longer sentences (in bytes) are ignored for training.
         num_threads: trainer threads (recorded in the model, so it is fixed for
             reproducibility).
