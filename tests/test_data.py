@@ -188,7 +188,7 @@ def test_parallel_text_whitespace_tabs_crlf_bom_and_gzip(tmp_path):
     assert ds.element_spec == TEXT_SPEC and stats.num_skipped == 0
 
 
-def test_parallel_text_no_final_newline_and_empty_files(tmp_path):
+def test_parallel_text_without_a_final_newline(tmp_path):
     src = _write(tmp_path / "a.en", ["a\n", "b"])
     tgt = _write(tmp_path / "a.de", ["x\n", "y"])
     assert _pairs(data.load_parallel_text(src, tgt)) == [("a", "x"), ("b", "y")]
@@ -270,11 +270,14 @@ def test_load_dataset_specs(tmp_path):
     for bad in ("wmt", "tfds:", "files:only_one_path"):
         with pytest.raises(ValueError, match="multi30k"):
             data.load_dataset(bad, "train")
-    # Spaces around a path are not part of it.
-    assert data.DataSpec.parse(f" files:{tmp_path}/train.en , {tmp_path}/train.de ".strip()).paths == (
+    with pytest.raises(ValueError, match="valid values"):
+        data.load_dataset("multi30k", "nosuchsplit")
+    # Spaces around a path are not part of it; a doubled brace is a literal one.
+    assert data.DataSpec.parse(f"files:{tmp_path}/train.en , {tmp_path}/train.de ").paths == (
         f"{tmp_path}/train.en",
         f"{tmp_path}/train.de",
     )
+    assert data.DataSpec.parse("files:x{{y}}/{split}.{src},b.{tgt}").file_paths("dev") == ("x{y}/dev.en", "b.de")
 
 
 @pytest.mark.parametrize(
@@ -289,9 +292,6 @@ def test_files_spec_refuses_an_unknown_template_field_by_name(spec, problem):
     """Refused when parsed, naming the spec and the path, not a KeyError when the files are opened."""
     with pytest.raises(ValueError, match=f"^files: {problem}"):
         data.DataSpec.parse(spec)
-    assert data.DataSpec.parse("files:x{{y}}/{split}.{src},b.{tgt}").file_paths("dev") == ("x{y}/dev.en", "b.de")
-    with pytest.raises(ValueError, match="valid values"):
-        data.load_dataset("multi30k", "nosuchsplit")
 
 
 def test_load_tfds_with_mock_data():
