@@ -86,12 +86,13 @@ def test_sampling_is_reproducible_for_a_seed_and_varies_with_it(model):
 def test_each_batch_draws_its_own_samples_for_a_seed(model):
     """The seed is keyed by the batch: the same 8 rows beside another sentence draw other samples, where a
     seed keyed by the row alone would give row r of every batch (every batch of a `translate`) the same
-    numbers. The same batch draws the same samples."""
+    numbers. The same batch draws the same samples, however far it is padded."""
     repeated = np.repeat(sources(2, (6,)), 8, axis=0)
     batches = [np.concatenate([repeated, sources(seed, (6,))]) for seed in (3, 4)]
     first, _ = sampling_search(model, batches[0], temperature=2.0, seed=7, max_length=10)
     second, _ = sampling_search(model, batches[1], temperature=2.0, seed=7, max_length=10)
-    again, _ = sampling_search(model, batches[0], temperature=2.0, seed=7, max_length=10)
+    wider = np.pad(batches[0], ((0, 0), (0, 3)))  # the same batch padded further: the same samples
+    again, _ = sampling_search(model, wider, temperature=2.0, seed=7, max_length=10)
     assert not np.array_equal(first.numpy()[:8], second.numpy()[:8])
     np.testing.assert_array_equal(first.numpy(), again.numpy())
 

@@ -112,8 +112,8 @@ def sampling_search(
     arguments are those of `greedy_search`.
 
     Args:
-        temperature: > 0 and finite; 1 samples from the model, smaller is
-            closer to greedy.
+        temperature: finite and at least float32's smallest normal number
+            (1.2e-38); 1 samples from the model, smaller is closer to greedy.
         top_k: 0 for the whole vocabulary; 1 is greedy search.
         seed: an int makes the draws reproducible: stateless random ops
             keyed by the seed, the batch's source tokens and the step, so a
@@ -170,10 +170,12 @@ def sampling_search(
 
 
 def _batch_key(source_ids):
-    """int32 scalar in `[0, 2**31 - 1)` from the tokens of a batch `[B, S]` and their places (padding adds 0)."""
-    places = tf.range(tf.size(source_ids, out_type=tf.int64), dtype=tf.int64)
-    weights = (places + 1) * 2654435761 % 2147483647  # a different multiplier for every place
-    products = tf.cast(tf.reshape(source_ids, [-1]), tf.int64) * weights % 2147483647
+    """int32 scalar in `[0, 2**31 - 1)` from the tokens of a batch `[B, S]` and their (row, column): the
+    same sentences in the same rows give the same key whatever the padded width (padding adds 0)."""
+    shape = tf.shape(source_ids, out_type=tf.int64)
+    places = tf.range(shape[0])[:, None] * 1_000_003 + tf.range(shape[1])[None, :]  # [B, S]
+    weights = (places % 2147483647 + 1) * 2654435761 % 2147483647  # a different multiplier for every place
+    products = tf.cast(source_ids, tf.int64) * weights % 2147483647
     return tf.cast(tf.reduce_sum(products) % 2147483647, tf.int32)
 
 
