@@ -615,7 +615,7 @@ def test_ids_outside_the_vocabulary_are_refused_by_name_and_place(random_model, 
         beam_search(random_model, sources, bos_id=12)
     prefix = np.zeros((len(sources), 2), np.int32)
     prefix[1, 1] = 12
-    with pytest.raises(ParameterError, match="^target_prefix row 1, position 1: id 12 is not below vocab_size 12"):
+    with pytest.raises(ParameterError, match=r"^target_prefix row 1, position 1: id 12; allowed: ids in \[0, 12\)"):
         beam_search(random_model, sources, target_prefix=prefix)
 
 

@@ -96,12 +96,15 @@ def check_target_prefix(target_prefix, limits, eos_id, vocab_size=None):
     limits = tf.convert_to_tensor(limits).numpy()
     if prefix.shape[0] != limits.shape[0]:
         raise ParameterError("target_prefix", f"has {prefix.shape[0]} rows for {limits.shape[0]} sentences.")
-    if (prefix < 0).any() or (prefix == eos_id).any():
-        raise ParameterError("target_prefix", f"must hold token ids >= 0 (0: none) other than the end token {eos_id}.")
-    if vocab_size is not None and (prefix >= vocab_size).any():
-        row, column = (int(n) for n in np.argwhere(prefix >= vocab_size)[0])
-        message = f"row {row}, position {column}: id {prefix[row, column]} is not below vocab_size {vocab_size}."
-        raise ParameterError("target_prefix", message)
+    bad = (prefix < 0) | (prefix == eos_id) | ((prefix >= vocab_size) if vocab_size is not None else False)
+    if bad.any():
+        row, column = (int(n) for n in np.argwhere(bad)[0])
+        allowed = f"ids in [0, {vocab_size})" if vocab_size is not None else "ids >= 0"
+        raise ParameterError(
+            "target_prefix",
+            f"row {row}, position {column}: id {prefix[row, column]}; allowed: {allowed} (0: none), "
+            f"not the end token {eos_id}.",
+        )
     lengths = prefix_lengths(tf.constant(prefix)).numpy()
     for row, (length, limit) in enumerate(zip(lengths, limits)):
         if length > limit:

@@ -445,7 +445,7 @@ def _checked_ids(model, source_ids, options):
             raise ParameterError(name, f"must be below the model's vocab_size {vocab_size}, got {value}.")
     ids = np.asarray(source_ids)
     if ids.ndim != 2:
-        raise ParameterError("source_ids", f"must be an integer [batch, length] array, got shape {ids.shape}.")
+        raise ParameterError("source_ids", f"must be a [batch, length] array, got shape {ids.shape}.")
     empty = (ids == PAD_ID).all(axis=-1)  # every row of a [B, 0] array too
     if empty.any():
         raise ParameterError("source_ids", f"row {int(np.argmax(empty))} has no token: there is nothing to translate.")
