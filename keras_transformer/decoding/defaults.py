@@ -8,6 +8,8 @@ The translator, the SavedModel export, the command line and the benchmarks
 take their defaults from here.
 """
 
+import numpy as np
+
 from keras_transformer.errors import ParameterError
 
 # §6.1: beam size and length penalty.
@@ -68,6 +70,20 @@ def check_early_stopping(early_stopping):
     if early_stopping not in EARLY_STOPPING:
         raise ParameterError("early_stopping", f"must be one of {', '.join(EARLY_STOPPING)}, got {early_stopping!r}.")
     return early_stopping
+
+
+def refuse_bad_ids(name, ids, bad, rule):
+    """Raises a `ParameterError` naming the first id of `ids [B, L]` where `bad [B, L]` holds, if any.
+
+    Args:
+        name: the argument's name, which the message starts with.
+        ids: a numpy integer array `[B, L]`.
+        bad: a boolean array of the same shape, True where an id is refused.
+        rule: what the id should have been, appended to "row R, position C: id X".
+    """
+    if bad.any():
+        row, column = (int(n) for n in np.argwhere(bad)[0])
+        raise ParameterError(name, f"row {row}, position {column}: id {ids[row, column]}{rule}")
 
 
 # Not the paper's: sentences per decoding call of `Translator.translate` (and so of `translate`,

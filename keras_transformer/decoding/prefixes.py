@@ -17,10 +17,10 @@ Without prefixes (None) none of this is in the graph: the searches hold the
 same ops as before and give the same outputs.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from keras_transformer import compat
+from keras_transformer.decoding.defaults import refuse_bad_ids
 from keras_transformer.errors import ParameterError
 from keras_transformer.special_ids import PAD_ID
 
@@ -97,14 +97,8 @@ def check_target_prefix(target_prefix, limits, eos_id, vocab_size=None):
     if prefix.shape[0] != limits.shape[0]:
         raise ParameterError("target_prefix", f"has {prefix.shape[0]} rows for {limits.shape[0]} sentences.")
     bad = (prefix < 0) | (prefix == eos_id) | ((prefix >= vocab_size) if vocab_size is not None else False)
-    if bad.any():
-        row, column = (int(n) for n in np.argwhere(bad)[0])
-        allowed = f"ids in [0, {vocab_size})" if vocab_size is not None else "ids >= 0"
-        raise ParameterError(
-            "target_prefix",
-            f"row {row}, position {column}: id {prefix[row, column]}; allowed: {allowed} (0: none), "
-            f"not the end token {eos_id}.",
-        )
+    allowed = f"ids in [0, {vocab_size})" if vocab_size is not None else "ids >= 0"
+    refuse_bad_ids("target_prefix", prefix, bad, f"; allowed: {allowed} (0: none), not the end token {eos_id}.")
     lengths = prefix_lengths(tf.constant(prefix)).numpy()
     for row, (length, limit) in enumerate(zip(lengths, limits)):
         if length > limit:

@@ -21,6 +21,7 @@ from keras_transformer.decoding.defaults import (
     check_alpha,
     check_early_stopping,
     check_length_penalty,
+    refuse_bad_ids,
 )
 from keras_transformer.decoding.loops import beam_search_graph, greedy_search_graph
 from keras_transformer.decoding.prefixes import check_target_prefix
@@ -449,12 +450,7 @@ def _checked_ids(model, source_ids, options):
     empty = (ids == PAD_ID).all(axis=-1)  # every row of a [B, 0] array too
     if empty.any():
         raise ParameterError("source_ids", f"row {int(np.argmax(empty))} has no token: there is nothing to translate.")
-    outside = (ids < 0) | (ids >= vocab_size)
-    if outside.any():
-        row, column = (int(n) for n in np.argwhere(outside)[0])
-        raise ParameterError(
-            "source_ids", f"row {row}, position {column}: id {ids[row, column]} is not in [0, {vocab_size})."
-        )
+    refuse_bad_ids("source_ids", ids, (ids < 0) | (ids >= vocab_size), f" is not in [0, {vocab_size}).")
     return vocab_size
 
 
