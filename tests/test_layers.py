@@ -5,6 +5,7 @@ import math
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from keras import ops
 
 from keras_transformer.layers import (
@@ -117,6 +118,27 @@ def test_attention_scaled_by_inverse_sqrt_key_dim():
     np.testing.assert_allclose(np.asarray(weights)[0, :, 0], expected, atol=1e-6)  # [B, N, T, S]: both heads
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_bfloat16_attention_weights_are_a_float32_softmax_rounded_once(jit_compile):
+    """Under mixed_bfloat16 each weight is the exact softmax of equation (1) rounded once to bfloat16 (within half
+    a bfloat16 step): the softmax runs in float32. Under XLA a bfloat16 softmax would run in bfloat16 and miss by
+    up to twice that on these 2,000 keys (TensorFlow's own kernel computes in float32 either way)."""
+    rng = np.random.default_rng(0)
+    layer = MultiHeadAttention(num_heads=1, key_dim=4, use_bias=False, dtype="mixed_bfloat16")
+    layer.build((1, 3, 4))
+    for kernel in (layer.query_kernel, layer.key_kernel):
+        kernel.assign(np.eye(4, dtype="float32"))  # logits q.k / 2 of small integers: exact in bfloat16
+    query = rng.integers(-2, 3, size=(1, 3, 4)).astype("float32")
+    memory = rng.integers(-2, 3, size=(1, 2000, 4)).astype("float32")
+    attend = tf.function(lambda q, m: layer.attend(q, m).weights, jit_compile=jit_compile)
+    weights = np.asarray(ops.cast(attend(query, memory), "float32"), "float64")[0, 0]
+    logits = query[0].astype("float64") @ memory[0].T.astype("float64") / 2
+    exact = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    exact /= exact.sum(axis=-1, keepdims=True)
+    half_step = 2.0 ** (np.floor(np.log2(exact)) - 8)  # bfloat16 keeps 8 significant bits
+    assert np.all(np.abs(weights - exact) <= half_step * (1 + 1e-3))
+
+
 def test_self_attention_cache_equals_full_pass():
     rng = np.random.default_rng(3)
     x = rng.normal(size=(2, 6, 8)).astype("float32")
@@ -137,7 +159,6 @@ def test_self_attention_cache_equals_full_pass():
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_cache_write_slices_under_xla_and_concatenates_in_plain_graphs(jit_compile):
-    import tensorflow as tf
 
     rng = np.random.default_rng(4)
     cache = rng.normal(size=(2, 3, 6, 4)).astype("float32")
@@ -156,7 +177,6 @@ def test_cache_write_slices_under_xla_and_concatenates_in_plain_graphs(jit_compi
 
 def test_growing_self_attention_cache_equals_full_pass():
     """Outside XLA a cache of exactly `cache_index` positions grows: decoding can start from an empty one."""
-    import tensorflow as tf
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=(2, 5, 8)).astype("float32")
@@ -180,7 +200,6 @@ def test_growing_self_attention_cache_equals_full_pass():
 
 
 def test_xla_cache_write_without_room_is_refused():
-    import tensorflow as tf
 
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     x = np.zeros((1, 2, 8), "float32")
@@ -197,7 +216,6 @@ def test_xla_cache_write_without_room_is_refused():
 @pytest.mark.parametrize("index", [-1, 5, 9])
 def test_xla_cache_write_out_of_range_at_a_tensor_index_poisons_the_rows(index):
     """Dynamic-update-slice would clamp the write to the cache's end; asserts do not run under XLA."""
-    import tensorflow as tf
 
     rng = np.random.default_rng(7)
     cache = rng.normal(size=(2, 3, 6, 4)).astype("float32")
@@ -213,7 +231,6 @@ def test_xla_cache_write_out_of_range_at_a_tensor_index_poisons_the_rows(index):
 
 
 def test_xla_self_attention_past_the_cache_end_at_a_tensor_index_gives_nan():
-    import tensorflow as tf
 
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     x = np.random.default_rng(8).normal(size=(1, 2, 8)).astype("float32")
@@ -310,7 +327,6 @@ def test_feed_forward_applies_to_each_position_of_any_rank(shape):
 
 
 def test_feed_forward_keeps_unknown_leading_axes_in_a_graph():
-    import tensorflow as tf
 
     layer = FeedForward(d_ff=6)
     layer.build((None, None, 4))
@@ -325,7 +341,6 @@ SHAPE_OPS = {"Shape", "ShapeN", "Size", "Rank", "Prod"}  # tf.tensordot's among 
 
 def test_attention_heads_are_split_without_shape_ops_in_a_decoding_step():
     """`[B, K, D]` queries (B unknown) go through the projections, the head split and W^O without shape ops."""
-    import tensorflow as tf
 
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     layer.build((None, 4, 8), (None, 5, 8))
@@ -565,7 +580,6 @@ def test_growing_cache_refuses_an_index_it_cannot_take(index):
 
 
 def test_growing_cache_at_a_tensor_index_past_its_end_gives_nan_in_a_graph():
-    import tensorflow as tf
 
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     x = np.random.default_rng(3).normal(size=(1, 1, 8)).astype("float32")
@@ -577,7 +591,6 @@ def test_growing_cache_at_a_tensor_index_past_its_end_gives_nan_in_a_graph():
 
 def test_learned_positions_past_the_table_give_nan_under_xla():
     """XLA clamps the gather to the last row; NaN shows the broken contract instead."""
-    import tensorflow as tf
 
     layer = LearnedPositionalEmbedding(max_length=4)
     x = np.zeros((1, 1, 6), "float32")
