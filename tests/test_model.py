@@ -9,7 +9,13 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer import MaskedAccuracy, Transformer, TransformerConfig, create_optimizer
+from keras_transformer import (
+    LabelSmoothedCrossEntropy,
+    MaskedAccuracy,
+    Transformer,
+    TransformerConfig,
+    create_optimizer,
+)
 from keras_transformer.layers import EncoderLayer, FeedForward
 from keras_transformer.run_dir import save_model_weights
 
@@ -377,3 +383,27 @@ def test_transformer_passes_the_keras_layer_test():
             )
 
     Case().runTest()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_empty_rows_change_neither_the_loss_nor_the_accuracy(dtype):
+    """Rows of padding only (`make_batches` fills a partial batch with them up to a multiple of the replicas)
+    give finite logits and count for nothing: the batch's loss and accuracy are those of its real rows."""
+    rng = np.random.default_rng(3)
+    options = dict(num_layers=2, d_model=32, num_heads=4, d_ff=64, dropout=0.0)
+    model = Transformer(TransformerConfig.tiny(vocab_size=VOCAB, **options), dtype=dtype)
+    source, target = random_ids(rng, 3, 6, pad_from=[6, 4, 5]), random_ids(rng, 3, 7, pad_from=[7, 5, 6])
+    labels = np.concatenate([target[:, 1:], np.zeros((3, 1), target.dtype)], axis=1)
+    empty = np.zeros((2, 6), source.dtype), np.zeros((2, 7), target.dtype)
+    padded = np.concatenate([source, empty[0]]), np.concatenate([target, empty[1]])
+    padded_labels = np.concatenate([labels, empty[1]])
+    loss, accuracy = LabelSmoothedCrossEntropy(0.1), MaskedAccuracy()
+    logits = model((source, target))
+    padded_logits = model(padded)
+    assert np.isfinite(np.asarray(keras.ops.cast(padded_logits, "float32"))).all()
+    np.testing.assert_allclose(float(loss(padded_labels, padded_logits)), float(loss(labels, logits)), rtol=1e-6)
+    accuracy.update_state(labels, logits)
+    alone = float(accuracy.result())
+    accuracy.reset_state()
+    accuracy.update_state(padded_labels, padded_logits)
+    assert float(accuracy.result()) == alone

@@ -196,7 +196,7 @@ def make_batches(
     is the bucket boundary of its pairs (the smallest boundary >= max(source
     length, target length), lengths counted with the added EOS/BOS) and
     `batch_size = batch_tokens // boundary` rounded down to a multiple of
-    `num_replicas` (smaller for the last, partial batch of a bucket). So each
+    `num_replicas` (the last, partial batch of a bucket may hold fewer pairs). So each
     side of a batch has at most `batch_tokens` tokens *including padding*,
     and tensor shapes come from a small set (one length per bucket), which
     limits retracing. The paper's batches held ~25000 source + 25000 target
@@ -250,10 +250,10 @@ def make_batches(
             epoch boundaries).
         drop_remainder: only whole batches, so every batch of a bucket has the
             same size: each bucket's leftover pairs in a pool join the next
-            longer bucket, the longest bucket's are dropped. If False and
-            `num_replicas > 1`, a partial batch is cut to a multiple of
-            `num_replicas` (fewer than `num_replicas` pairs per bucket per pool
-            are left out; they are different pairs every epoch).
+            longer bucket, the longest bucket's are dropped. If False, every
+            pair is kept, and with `num_replicas > 1` a partial batch is filled
+            up to a multiple of `num_replicas` with empty rows (padding only),
+            which count for no loss, accuracy or token.
         shuffle_buffer_size: sentence-pair shuffle buffer; default: the dataset
             size if known, capped at 100000.
         pool_size: pairs bucketed together; larger pools mean fewer partial
@@ -301,7 +301,10 @@ def make_batches(
     dataset = dataset.unbatch()  # -> one batch (ragged [batch, tokens]) per element
 
     def pad_to_boundary(src, tgt_in, tgt_out, boundary):
-        shape = tf.stack([src.nrows(), boundary])
+        # A partial batch gets empty rows (padding only) up to a multiple of the replicas, so that it splits
+        # evenly over them; padding carries no loss, accuracy or token count.
+        rows = -(-src.nrows() // num_replicas) * num_replicas
+        shape = tf.stack([rows, boundary])
         src, tgt_in, tgt_out = (r.to_tensor(default_value=PAD_ID, shape=shape) for r in (src, tgt_in, tgt_out))
         return (src, tgt_in), tgt_out
 
@@ -406,9 +409,6 @@ class _PoolBatcher:
         remainder = counts % self.batch_sizes
         if self.drop_remainder:
             remainder = tf.zeros_like(remainder)
-        else:
-            # Partial batches too must split evenly over the replicas.
-            remainder = remainder // self.num_replicas * self.num_replicas
         kept = full * self.batch_sizes + remainder
         batches_per_bucket = full + tf.cast(remainder > 0, tf.int64)
 
@@ -449,7 +449,7 @@ def token_budget_stats(batches, max_batches: int | None = None) -> dict:
     (the target output pads exactly like the target input).
 
     Returns:
-        dict with `num_batches`, `num_examples`, `source_tokens`,
+        dict with `num_batches`, `num_examples` (rows with tokens), `source_tokens`,
         `target_tokens` (non-pad), `padded_tokens` (all positions, both
         sides), `pad_tokens`, `padding_ratio` (pad / all), `max_batch_tokens`
         (largest `batch * length` of one side) and `shapes` (set of
@@ -469,7 +469,7 @@ def token_budget_stats(batches, max_batches: int | None = None) -> dict:
             break
         src, tgt_in = src.numpy(), tgt_in.numpy()
         stats["num_batches"] += 1
-        stats["num_examples"] += src.shape[0]
+        stats["num_examples"] += int((tgt_in != PAD_ID).any(axis=1).sum())  # not the empty rows that fill a batch
         stats["source_tokens"] += int((src != PAD_ID).sum())
         stats["target_tokens"] += int((tgt_in != PAD_ID).sum())
         stats["padded_tokens"] += src.size + tgt_in.size
