@@ -29,12 +29,13 @@ Run:
         --json benchmarks/results/<cpu>/long_multi30k.json --plot benchmarks/results/<cpu>/long_multi30k.png
     python examples/long_multi30k.py --ensembles runs/long/mini_12k_seed0,runs/long/mini_12k_seed1 \\
         --json benchmarks/results/<cpu>/long_ensembles.json                   # what ensembles would gain
+    python examples/long_multi30k.py --length-penalties runs/long/mini_12k_seed0 runs/long/mini_12k_seed1 \\
+        --alphas 1.0,1.2,1.4 --json benchmarks/results/<cpu>/long_length_penalties.json  # the search's lever
     python examples/long_multi30k.py --commit runs/long/raw_12k_seed0 \\
         --json benchmarks/results/<cpu>/committed_model.json                   # the committed model
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -42,6 +43,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reproduce_multi30k as published  # noqa: E402
+from long_searches import ensembles, length_penalties  # noqa: E402, F401 (ensembles: the tests' entry too)
+from long_searches import read_json as _read  # noqa: E402
+from long_searches import write_json as _write  # noqa: E402
 from long_trials import CHOSEN, STOPPED, TRIALS  # noqa: E402
 
 
@@ -209,58 +213,6 @@ def commit(run_dir, base=COMMITTED_MODEL, limit=None, json_path=None):
     return path
 
 
-def ensembles(groups, json_path=None):
-    """Validation BLEU of ensembles of finished runs, each against its members alone; returns the rows.
-
-    Evidence for what could close the gap to 42.0, not a recipe: each member is a run of its own, so an ensemble
-    costs the sum of its members' training. Each group (two or more run directories of one text form) decodes
-    validation with the recipe's search, the models' log-probabilities averaged at every step
-    (`keras_transformer.Ensemble`); test2016 is not decoded.
-    """
-    import shutil
-    import statistics
-    import tempfile
-
-    from keras_transformer.inference.ensembles import ensemble_translator
-
-    rows = []
-    for group in groups:
-        reports = [_read(os.path.join(run, "reproduction.json")) for run in group]
-        forms = {_recipe_of(report)["text"] for report in reports}
-        if len(forms) > 1:
-            raise SystemExit(f"long_multi30k: the runs {', '.join(group)} read different text forms {sorted(forms)}")
-        translator = ensemble_translator(
-            group, beam_size=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY
-        )
-        sources = os.path.join(group[0], "data", "val.en")
-        with open(sources, encoding="utf-8") as f:
-            limit = len(f.read().splitlines())  # the runs' own validation split (`--limit` shortens it)
-        with tempfile.TemporaryDirectory() as scratch:  # `translate_and_score` writes its hypotheses beside the data
-            os.makedirs(os.path.join(scratch, "data"))
-            shutil.copy(sources, os.path.join(scratch, "data", "val.en"))
-            bleu = published.translate_and_score(translator, scratch, "val", limit, text=forms.pop())["tok_bleu"]
-        members = [r["val"]["tok_bleu"] for r in reports]
-        rows.append(
-            dict(
-                runs=list(group),
-                trials=[r.get("trial", "published") for r in reports],
-                seeds=[r["seed"] for r in reports],
-                members_val_tok_bleu=members,
-                val_tok_bleu=bleu,
-                gain_over_members_mean=round(bleu - statistics.mean(members), 2),
-                train_hours=round(sum((r["train_seconds"] or 0) for r in reports) / 3600, 2),
-            )
-        )
-        print(f"{' + '.join(group)}: val {bleu:.2f} (members {' / '.join(f'{m:.2f}' for m in members)})")
-    if json_path:
-        command = "python examples/long_multi30k.py --ensembles " + " ".join(",".join(g) for g in groups)
-        _write(json_path, dict(command=f"{command} --json {json_path}", date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                               versions=published.versions(), machine=published.machine(),
-                               search=dict(beam=published.BEAM, alpha=published.ALPHA,
-                                           length_penalty=published.LENGTH_PENALTY), rows=rows))  # fmt: skip
-    return rows
-
-
 def trial_rows(roots):
     """One row per trial run under the directories `roots` (any depth), sorted by trial and seed.
 
@@ -350,11 +302,6 @@ def _unfinished_row(directory, trial):
     )
 
 
-def _read(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def table(roots, json_path=None):
     """Rewrites the trials table from the run directories under `roots`; prints it as Markdown.
 
@@ -386,12 +333,6 @@ def table(roots, json_path=None):
     return rows
 
 
-def _write(path, data):
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-    os.replace(path + ".tmp", path)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trial", choices=sorted(TRIALS), help="train one trial, scored on validation only")
@@ -421,7 +362,20 @@ def main(argv=None):
         metavar="RUN,RUN[,...]",
         help="validation BLEU of each group of finished runs ensembled, against its members (no test2016)",
     )
-    parser.add_argument("--json", help="with --table, --summarize, --commit or --ensembles: write the result here")
+    parser.add_argument(
+        "--length-penalties",
+        nargs="+",
+        metavar="RUN",
+        help="validation BLEU of each finished run searched with each of --alphas (no test2016)",
+    )
+    parser.add_argument(
+        "--alphas",
+        default="1.0,1.2,1.4,1.6",
+        help="with --length-penalties: comma-separated exponents of the length (default %(default)s)",
+    )
+    parser.add_argument(
+        "--json", help="with --table, --summarize, --commit, --ensembles or --length-penalties: write the result here"
+    )
     parser.add_argument("--plot", help="with --summarize: the runs' validation curves (PNG)")
     namespace = parser.parse_args(argv)
     if namespace.commit and namespace.limit and not namespace.output:
@@ -431,7 +385,8 @@ def main(argv=None):
             parser.error(
                 f"--commit takes the run's own trial and seed and plots nothing: drop --{flag.replace('_', '-')}"
             )
-    tasks = [f"--{flag}" for flag in ("table", "ensembles", "commit", "summarize", "trial") if getattr(namespace, flag)]
+    flags = ("table", "ensembles", "length_penalties", "commit", "summarize", "trial")
+    tasks = [f"--{flag.replace('_', '-')}" for flag in flags if getattr(namespace, flag)]
     if len(tasks) > 1:
         parser.error(f"{', '.join(tasks)} are separate tasks: give one of them")
     namespace.seed = namespace.seed or 0
@@ -441,6 +396,12 @@ def main(argv=None):
         table(namespace.table, namespace.json)
     elif namespace.ensembles:
         ensembles([group.split(",") for group in namespace.ensembles], namespace.json)
+    elif namespace.length_penalties:
+        try:
+            alphas = [float(alpha) for alpha in namespace.alphas.split(",")]
+        except ValueError:
+            parser.error(f"--alphas: comma-separated numbers, got {namespace.alphas!r}")
+        length_penalties(namespace.length_penalties, alphas, namespace.json)
     elif namespace.commit:
         commit(namespace.commit, namespace.output or COMMITTED_MODEL, namespace.limit, namespace.json)
     elif namespace.summarize:

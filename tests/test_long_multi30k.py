@@ -282,3 +282,40 @@ def test_ensembles_score_validation_and_a_run_with_itself_scores_as_alone(tmp_pa
     (raw / "reproduction.json").write_text(json.dumps(raw_report), encoding="utf-8")
     with pytest.raises(SystemExit, match="read different text forms"):
         long.ensembles([[run, str(raw)]])
+
+
+def test_length_penalties_score_validation_per_alpha_and_the_recipe_s_alpha_as_the_run(tmp_path, monkeypatch, capsys):
+    """`--length-penalties`: one row per run and alpha, the recipe's alpha giving the run's own validation score,
+    and the mean per alpha; test2016 is not decoded."""
+    tiny = dict(
+        preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=None, precision="float32"
+    )
+    for key, value in tiny.items():
+        monkeypatch.setitem(published.RECIPE, key, value)
+    run = str(tmp_path / "published_seed1")
+    report = long.run_trial("published", 1, run, limit=60)
+    json_path = str(tmp_path / "penalties.json")
+    from keras_transformer.inference.translator import Translator
+
+    searched, init = [], Translator.__init__
+    monkeypatch.setattr(
+        Translator, "__init__", lambda self, *a, **k: searched.append(k["alpha"]) or init(self, *a, **k)
+    )
+    assert long.main(["--length-penalties", run, "--alphas", f"{published.ALPHA},3", "--json", json_path]) == 0
+    written = json.loads((tmp_path / "penalties.json").read_text(encoding="utf-8"))
+    rows = written["rows"]
+    assert [(row["run"], row["seed"], row["alpha"]) for row in rows] == [(run, 1, published.ALPHA), (run, 1, 3.0)]
+    assert rows[0]["val_tok_bleu"] == report["val"]["tok_bleu"] and searched == [published.ALPHA, 3.0]
+    assert written["mean_val_tok_bleu"] == {
+        str(published.ALPHA): rows[0]["val_tok_bleu"],
+        "3.0": rows[1]["val_tok_bleu"],
+    }
+    expected = (
+        f"python examples/long_multi30k.py --length-penalties {run} --alphas {published.ALPHA},3.0 --json {json_path}"
+    )
+    assert written["command"] == expected
+    assert not os.path.exists(os.path.join(run, "test2016.hyp.de"))
+    assert "mean per alpha" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        long.main(["--length-penalties", run, "--alphas", "1,x"])
+    assert "--alphas: comma-separated numbers, got '1,x'" in capsys.readouterr().err

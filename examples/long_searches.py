@@ -1,0 +1,122 @@
+"""Decode-only studies of the long recipe's finished runs, on validation only: what ensembles would gain, and
+whether the search's length penalty leaves BLEU on the table.
+
+`examples/long_multi30k.py` runs them (`--ensembles`, `--length-penalties`); test2016 is never decoded here.
+"""
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import reproduce_multi30k as published
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json(path, data):
+    """Writes `data` whole or not at all: a crash keeps the file it replaces."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+    os.replace(path + ".tmp", path)
+
+
+def validation_score(translator, run, text):
+    """`published.translate_and_score` on `run`'s own validation split (`--limit` shortens it), its hypotheses
+    written to a scratch directory rather than beside the run's."""
+    sources = os.path.join(run, "data", "val.en")
+    with open(sources, encoding="utf-8") as f:
+        limit = len(f.read().splitlines())
+    with tempfile.TemporaryDirectory() as scratch:
+        os.makedirs(os.path.join(scratch, "data"))
+        shutil.copy(sources, os.path.join(scratch, "data", "val.en"))
+        return published.translate_and_score(translator, scratch, "val", limit, text=text)
+
+
+def text_form(report):
+    """The text form a run's report records (reports written before the recipe named it had the published one)."""
+    return {**published.LEGACY_RECIPE, **report["recipe"]}["text"]
+
+
+def _report(json_path, command, rows, **fields):
+    date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    machine, versions = published.machine(), published.versions()
+    write_json(json_path, dict(command=f"{command} --json {json_path}", date=date, versions=versions, machine=machine,
+                               **fields, rows=rows))  # fmt: skip
+
+
+def ensembles(groups, json_path=None):
+    """Validation BLEU of ensembles of finished runs, each against its members alone; returns the rows.
+
+    Evidence for what could close the gap to 42.0, not a recipe: each member is a run of its own, so an ensemble
+    costs the sum of its members' training. Each group (two or more run directories of one text form) decodes
+    validation with the recipe's search, the models' log-probabilities averaged at every step
+    (`keras_transformer.Ensemble`).
+    """
+    from keras_transformer.inference.ensembles import ensemble_translator
+
+    rows = []
+    for group in groups:
+        reports = [read_json(os.path.join(run, "reproduction.json")) for run in group]
+        forms = {text_form(report) for report in reports}
+        if len(forms) > 1:
+            raise SystemExit(f"long_multi30k: the runs {', '.join(group)} read different text forms {sorted(forms)}")
+        translator = ensemble_translator(
+            group, beam_size=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY
+        )
+        bleu = validation_score(translator, group[0], forms.pop())["tok_bleu"]
+        members = [r["val"]["tok_bleu"] for r in reports]
+        rows.append(
+            dict(
+                runs=list(group),
+                trials=[r.get("trial", "published") for r in reports],
+                seeds=[r["seed"] for r in reports],
+                members_val_tok_bleu=members,
+                val_tok_bleu=bleu,
+                gain_over_members_mean=round(bleu - statistics.mean(members), 2),
+                train_hours=round(sum((r["train_seconds"] or 0) for r in reports) / 3600, 2),
+            )
+        )
+        print(f"{' + '.join(group)}: val {bleu:.2f} (members {' / '.join(f'{m:.2f}' for m in members)})")
+    if json_path:
+        command = "python examples/long_multi30k.py --ensembles " + " ".join(",".join(g) for g in groups)
+        search = dict(beam=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY)
+        _report(json_path, command, rows, search=search)
+    return rows
+
+
+def length_penalties(runs, alphas, json_path=None):
+    """Validation BLEU of each finished run searched with each `alpha` of the recipe's length normalization
+    (log P / length ** alpha, beam 5); returns the rows, one per run and alpha, and the mean over the runs per alpha.
+
+    The recipe searches as fairseq does (alpha 1.0); its outputs run short on validation (brevity penalty about
+    0.96), so a larger alpha, which favours longer outputs, is the search's own lever. Chosen on validation only.
+    """
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.run_dir import load_run
+
+    rows = []
+    for run in runs:
+        report = read_json(os.path.join(run, "reproduction.json"))
+        model, tokenizer = load_run(run, dtype="float32")
+        for alpha in alphas:
+            translator = Translator(
+                model, tokenizer, beam_size=published.BEAM, alpha=alpha, length_penalty=published.LENGTH_PENALTY
+            )
+            score = validation_score(translator, run, text_form(report))
+            rows.append(dict(run=run, trial=report.get("trial", "published"), seed=report["seed"], alpha=alpha,
+                             val_tok_bleu=score["tok_bleu"], val_details=score["tok_bleu_details"]))  # fmt: skip
+            print(f"{run} alpha {alpha}: {score['tok_bleu_details']}")
+    means = {str(a): round(statistics.mean(r["val_tok_bleu"] for r in rows if r["alpha"] == a), 2) for a in alphas}
+    print("mean per alpha: " + ", ".join(f"{alpha} {bleu:.2f}" for alpha, bleu in means.items()))
+    if json_path:
+        command = "python examples/long_multi30k.py --length-penalties " + " ".join(runs)
+        command += " --alphas " + ",".join(str(a) for a in alphas)
+        _report(json_path, command, rows, search=dict(beam=published.BEAM, length_penalty=published.LENGTH_PENALTY),
+                mean_val_tok_bleu=means)  # fmt: skip
+    return rows, means
