@@ -319,3 +319,8 @@ def test_length_penalties_score_validation_per_alpha_and_the_recipe_s_alpha_as_t
     with pytest.raises(SystemExit):
         long.main(["--length-penalties", run, "--alphas", "1,x"])
     assert "--alphas: comma-separated numbers, got '1,x'" in capsys.readouterr().err
+    searched.clear()
+    with pytest.raises(SystemExit):  # before any decoding
+        long.main(["--length-penalties", run, "--json", str(tmp_path / "nowhere" / "penalties.json")])
+    assert f"--json {tmp_path / 'nowhere' / 'penalties.json'}: no directory" in capsys.readouterr().err
+    assert searched == []
