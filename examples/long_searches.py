@@ -20,7 +20,9 @@ def read_json(path):
 
 
 def write_json(path, data):
-    """Writes `data` whole or not at all: a crash keeps the file it replaces."""
+    """Writes `data` whole or not at all (a crash keeps the file it replaces), creating its directory, as
+    `benchmarks/common.write_json` does: a new machine's results directory is the usual case."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, ensure_ascii=False)
     os.replace(path + ".tmp", path)

@@ -366,6 +366,9 @@ def summarize(run_dirs, json_path=None, plot_path=None, script="examples/reprodu
             dict(zip(("beam", "alpha", "length_penalty"), search), runs=len(runs),
                  **{split: round(statistics.mean(s[split] for s in runs), 2) for split in ("val", "test2016")})
         )  # fmt: skip
+    for path in (plot_path, json_path):  # a new machine's results directory, as benchmarks/common.write_json does
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if plot_path:
         _plot_runs(run_dirs, plot_path)
         summary["curves"] = os.path.basename(plot_path)

@@ -79,8 +79,10 @@ def test_a_short_run_trains_resumes_scores_and_exports(tmp_path, monkeypatch):
         dict(beam=5, alpha=1.0, length_penalty="average", val=report["val"]["tok_bleu"],
              test2016=report["test2016"]["tok_bleu"])
     ]  # fmt: skip
-    summary = recipe.summarize([output, output], str(tmp_path / "summary.json"), str(tmp_path / "curves.png"))
-    assert summary["test2016"]["sd"] == 0.0 and os.path.getsize(tmp_path / "curves.png") > 0
+    results = tmp_path / "new_machine"  # a results directory not made yet is created
+    summary = recipe.summarize([output, output], str(results / "summary.json"), str(results / "curves.png"))
+    assert summary["test2016"]["sd"] == 0.0 and os.path.getsize(results / "curves.png") > 0
+    assert json.loads((results / "summary.json").read_text(encoding="utf-8")) == summary
     assert summary["earlier_searches"][0]["runs"] == 2 and summary["earlier_searches"][0]["length_penalty"] == "average"
 
 
