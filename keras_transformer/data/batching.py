@@ -15,7 +15,8 @@ Output of `make_batches`, the Keras `(inputs, targets)` convention:
     target_input_ids  = [BOS] + y      (decoder input, "shifted right", §3.1)
     target_output_ids = y + [EOS]      (labels)
 
-with padding id 0 (`special_ids.PAD_ID`) everywhere, so masks are `ids != 0`.
+with padding id 0 (`special_ids.PAD_ID`) everywhere, so masks are `ids != 0`
+(a partial batch split over several replicas may end in rows of padding only).
 The source gets an EOS but no BOS: the encoder needs no start token, and the
 EOS marks the end of the sentence for the attention over it (the convention of
 tensor2tensor and fairseq).
@@ -196,8 +197,9 @@ def make_batches(
     is the bucket boundary of its pairs (the smallest boundary >= max(source
     length, target length), lengths counted with the added EOS/BOS) and
     `batch_size = batch_tokens // boundary` rounded down to a multiple of
-    `num_replicas` (the last, partial batch of a bucket may hold fewer pairs). So each
-    side of a batch has at most `batch_tokens` tokens *including padding*,
+    `num_replicas` (the last, partial batch of a bucket may hold fewer
+    pairs). So each side of a batch has at most `batch_tokens` tokens
+    *including padding*,
     and tensor shapes come from a small set (one length per bucket), which
     limits retracing. The paper's batches held ~25000 source + 25000 target
     tokens; on one 8-GPU machine that is `batch_tokens ~= 25000` with
@@ -252,8 +254,10 @@ def make_batches(
             same size: each bucket's leftover pairs in a pool join the next
             longer bucket, the longest bucket's are dropped. If False, every
             pair is kept, and with `num_replicas > 1` a partial batch is filled
-            up to a multiple of `num_replicas` with empty rows (padding only),
-            which count for no loss, accuracy or token.
+            up to a multiple of `num_replicas` with empty rows (padding only):
+            they hold no token, so they change no batch's loss or accuracy
+            (Keras still counts them in the batch size it weights a mean over
+            batches by).
         shuffle_buffer_size: sentence-pair shuffle buffer; default: the dataset
             size if known, capped at 100000.
         pool_size: pairs bucketed together; larger pools mean fewer partial
@@ -296,7 +300,7 @@ def make_batches(
     tokenize_chunk = _chunk_tokenizer(tokenizer, max_length, truncate, sampling_alpha)
     dataset = dataset.batch(chunk).map(tokenize_chunk, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.batch(pool_chunks)  # -> [chunks, pairs, tokens] ragged pools
-    to_batches = _PoolBatcher(boundaries, batch_sizes, num_replicas, drop_remainder)
+    to_batches = _PoolBatcher(boundaries, batch_sizes, drop_remainder)
     dataset = dataset.map(to_batches, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.unbatch()  # -> one batch (ragged [batch, tokens]) per element
 
@@ -370,11 +374,10 @@ class _PoolBatcher:
     `[batches, batch, tokens]` and each batch's boundary.
     """
 
-    def __init__(self, boundaries, batch_sizes, num_replicas, drop_remainder):
+    def __init__(self, boundaries, batch_sizes, drop_remainder):
         self.boundaries = tf.constant(boundaries, tf.int64)
         self.batch_sizes = tf.constant(batch_sizes, tf.int64)
         self.num_buckets = len(boundaries)
-        self.num_replicas = num_replicas
         self.drop_remainder = drop_remainder
 
     def _carry_leftovers_up(self, bucket):
@@ -449,8 +452,8 @@ def token_budget_stats(batches, max_batches: int | None = None) -> dict:
     (the target output pads exactly like the target input).
 
     Returns:
-        dict with `num_batches`, `num_examples` (rows with tokens), `source_tokens`,
-        `target_tokens` (non-pad), `padded_tokens` (all positions, both
+        dict with `num_batches`, `num_examples` (rows with tokens),
+        `source_tokens`, `target_tokens` (non-pad), `padded_tokens` (all positions, both
         sides), `pad_tokens`, `padding_ratio` (pad / all), `max_batch_tokens`
         (largest `batch * length` of one side) and `shapes` (set of
         distinct source shapes).

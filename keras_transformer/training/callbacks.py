@@ -26,7 +26,8 @@ class TargetTokens(keras.metrics.Sum):
 
 
 class Sequences(keras.metrics.Sum):
-    """Sentence pairs seen, summed over replicas (weights of the running loss mean)."""
+    """Batch rows seen (sentence pairs, and any empty rows that fill a batch), summed over replicas: the weights of
+    Keras' running loss mean."""
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         return super().update_state(ops.cast(ops.shape(y_true)[0], "float32"))
