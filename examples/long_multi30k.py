@@ -43,8 +43,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reproduce_multi30k as published  # noqa: E402
-from long_searches import ensembles, length_penalties  # noqa: E402, F401 (ensembles: the tests' entry too)
+from long_searches import ensembles, length_penalties  # noqa: E402
 from long_searches import read_json as _read  # noqa: E402
+from long_searches import recipe_of as _recipe_of  # noqa: E402
 from long_searches import write_json as _write  # noqa: E402
 from long_trials import CHOSEN, STOPPED, TRIALS  # noqa: E402
 
@@ -189,8 +190,6 @@ def commit(run_dir, base=COMMITTED_MODEL, limit=None, json_path=None):
             f"long_multi30k: {run_dir} was trained before trial {trial['trial']} changed: {'; '.join(changed)}"
         )
     check_replaceable(os.path.join(base, str(COMMITTED_VERSION)))
-    if json_path and not os.path.isdir(os.path.dirname(os.path.abspath(json_path))):
-        raise SystemExit(f"long_multi30k: --json {json_path}: its directory does not exist")
     command = f"python examples/long_multi30k.py --commit {run_dir}"
     if os.fspath(base) != COMMITTED_MODEL:
         command += f" --output {base}"
@@ -237,11 +236,6 @@ def trial_rows(roots):
 def _run_key(row):
     """A trials-table row's run: its trial and seed, the order of the table."""
     return row["trial"], row["seed"]
-
-
-def _recipe_of(report):
-    """The recipe a run's report records, with the defaults of options added since it was written."""
-    return {**published.LEGACY_RECIPE, **report["recipe"]}
 
 
 def _recipe_differences(trained, recipe, allowed=()):
@@ -333,6 +327,20 @@ def table(roots, json_path=None):
     return rows
 
 
+DEFAULT_ALPHAS = "1.0,1.2,1.4,1.6"
+
+
+def _alphas(parser, text):
+    """`--alphas` as floats, each one the searches accept, or the parser's one-line error."""
+    from keras_transformer.decoding.defaults import check_alpha
+    from keras_transformer.errors import ParameterError
+
+    try:
+        return [check_alpha(alpha) for alpha in text.split(",")]
+    except ParameterError as error:
+        parser.error(f"--alphas {text}: {error}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trial", choices=sorted(TRIALS), help="train one trial, scored on validation only")
@@ -370,8 +378,7 @@ def main(argv=None):
     )
     parser.add_argument(
         "--alphas",
-        default="1.0,1.2,1.4,1.6",
-        help="with --length-penalties: comma-separated exponents of the length (default %(default)s)",
+        help=f"with --length-penalties: comma-separated exponents of the length (default {DEFAULT_ALPHAS})",
     )
     parser.add_argument(
         "--json", help="with --table, --summarize, --commit, --ensembles or --length-penalties: write the result here"
@@ -389,6 +396,8 @@ def main(argv=None):
     tasks = [f"--{flag.replace('_', '-')}" for flag in flags if getattr(namespace, flag)]
     if len(tasks) > 1:
         parser.error(f"{', '.join(tasks)} are separate tasks: give one of them")
+    if namespace.alphas and not namespace.length_penalties:
+        parser.error("--alphas goes with --length-penalties")
     namespace.seed = namespace.seed or 0
     if namespace.start_from and not namespace.trial:
         parser.error("--start-from continues a run as a trial: give --trial NAME too")
@@ -397,10 +406,7 @@ def main(argv=None):
     elif namespace.ensembles:
         ensembles([group.split(",") for group in namespace.ensembles], namespace.json)
     elif namespace.length_penalties:
-        try:
-            alphas = [float(alpha) for alpha in namespace.alphas.split(",")]
-        except ValueError:
-            parser.error(f"--alphas: comma-separated numbers, got {namespace.alphas!r}")
+        alphas = _alphas(parser, namespace.alphas or DEFAULT_ALPHAS)
         length_penalties(namespace.length_penalties, alphas, namespace.json)
     elif namespace.commit:
         commit(namespace.commit, namespace.output or COMMITTED_MODEL, namespace.limit, namespace.json)

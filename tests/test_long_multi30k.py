@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -12,6 +13,7 @@ from keras_transformer.training.callbacks import SIGNAL_AT_STEP_ENVIRONMENT
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 
 import long_multi30k as long  # noqa: E402
+import long_searches  # noqa: E402
 import reproduce_multi30k as published  # noqa: E402
 
 
@@ -301,21 +303,38 @@ def test_length_penalties_score_validation_per_alpha_and_the_recipe_s_alpha_as_t
     monkeypatch.setattr(
         Translator, "__init__", lambda self, *a, **k: searched.append(k["alpha"]) or init(self, *a, **k)
     )
+    splits, score = [], published.translate_and_score
+    monkeypatch.setattr(
+        published,
+        "translate_and_score",
+        lambda t, o, split, *a, **k: splits.append(split) or score(t, o, split, *a, **k),
+    )
     assert long.main(["--length-penalties", run, "--alphas", f"{published.ALPHA},3", "--json", json_path]) == 0
     written = json.loads((tmp_path / "new_machine" / "penalties.json").read_text(encoding="utf-8"))
     rows = written["rows"]
     assert [(row["run"], row["seed"], row["alpha"]) for row in rows] == [(run, 1, published.ALPHA), (run, 1, 3.0)]
     assert rows[0]["val_tok_bleu"] == report["val"]["tok_bleu"] and searched == [published.ALPHA, 3.0]
-    assert written["mean_val_tok_bleu"] == {
-        str(published.ALPHA): rows[0]["val_tok_bleu"],
-        "3.0": rows[1]["val_tok_bleu"],
-    }
+    assert splits == ["val", "val"]  # test2016 is never decoded
     expected = (
         f"python examples/long_multi30k.py --length-penalties {run} --alphas {published.ALPHA},3.0 --json {json_path}"
     )
     assert written["command"] == expected
-    assert not os.path.exists(os.path.join(run, "test2016.hyp.de"))
     assert "mean per alpha" in capsys.readouterr().out
+    # The mean per alpha is over the runs.
+    other = str(tmp_path / "published_seed1_copy")
+    shutil.copytree(run, other)
+    fake = {(run, 1.0): 40.0, (run, 2.0): 41.0, (other, 1.0): 42.0, (other, 2.0): 44.0}
+    monkeypatch.setattr(
+        long_searches,
+        "validation_score",
+        lambda translator, r, text: dict(tok_bleu=fake[r, translator.alpha], tok_bleu_details=""),
+    )
+    _, means = long_searches.length_penalties([run, other], [1.0, 2.0])
+    assert means == {"1.0": 41.0, "2.0": 42.5}
+    for alphas, message in (("1,x", "got 'x'"), ("-1", "got '-1'"), ("nan", "got 'nan'")):
+        with pytest.raises(SystemExit):
+            long.main(["--length-penalties", run, "--alphas", alphas])
+        assert f"--alphas {alphas}: alpha must be >= 0 and finite, {message}" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        long.main(["--length-penalties", run, "--alphas", "1,x"])
-    assert "--alphas: comma-separated numbers, got '1,x'" in capsys.readouterr().err
+        long.main(["--table", run, "--alphas", "1.2"])
+    assert "--alphas goes with --length-penalties" in capsys.readouterr().err
