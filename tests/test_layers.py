@@ -159,7 +159,6 @@ def test_self_attention_cache_equals_full_pass():
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_cache_write_slices_under_xla_and_concatenates_in_plain_graphs(jit_compile):
-
     rng = np.random.default_rng(4)
     cache = rng.normal(size=(2, 3, 6, 4)).astype("float32")
     update = rng.normal(size=(2, 3, 2, 4)).astype("float32")
@@ -200,7 +199,6 @@ def test_growing_self_attention_cache_equals_full_pass():
 
 
 def test_xla_cache_write_without_room_is_refused():
-
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     x = np.zeros((1, 2, 8), "float32")
     layer(x)
@@ -231,7 +229,6 @@ def test_xla_cache_write_out_of_range_at_a_tensor_index_poisons_the_rows(index):
 
 
 def test_xla_self_attention_past_the_cache_end_at_a_tensor_index_gives_nan():
-
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     x = np.random.default_rng(8).normal(size=(1, 2, 8)).astype("float32")
     layer(x)
@@ -327,7 +324,6 @@ def test_feed_forward_applies_to_each_position_of_any_rank(shape):
 
 
 def test_feed_forward_keeps_unknown_leading_axes_in_a_graph():
-
     layer = FeedForward(d_ff=6)
     layer.build((None, None, 4))
     traced = tf.function(layer, input_signature=[tf.TensorSpec([None, None, 4])])
@@ -580,7 +576,6 @@ def test_growing_cache_refuses_an_index_it_cannot_take(index):
 
 
 def test_growing_cache_at_a_tensor_index_past_its_end_gives_nan_in_a_graph():
-
     layer = MultiHeadAttention(num_heads=2, key_dim=4)
     x = np.random.default_rng(3).normal(size=(1, 1, 8)).astype("float32")
     layer(x)
