@@ -263,16 +263,24 @@ def test_commit_scores_test2016_and_replaces_the_committed_version(tmp_path, mon
     assert row["command"] == trial["command"]
 
 
-def test_ensembles_score_validation_and_a_run_with_itself_scores_as_alone(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished run of the published recipe shrunk to a tiny model and 4 updates (seed 1, 60 pairs) and its
+    report, shared by the decode-only studies, which write nothing into it."""
+    run = str(tmp_path_factory.mktemp("long") / "published_seed1")
+    with pytest.MonkeyPatch.context() as patch:
+        tiny = dict(
+            preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=None, precision="float32"
+        )
+        for key, value in tiny.items():
+            patch.setitem(published.RECIPE, key, value)
+        return run, long.run_trial("published", 1, run, limit=60)
+
+
+def test_ensembles_score_validation_and_a_run_with_itself_scores_as_alone(tmp_path, finished_run):
     """`--ensembles`: a run ensembled with itself decodes validation exactly as alone (its log-probabilities
     averaged with themselves), so the row's gain is 0; runs of different text forms are refused."""
-    tiny = dict(
-        preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=None, precision="float32"
-    )
-    for key, value in tiny.items():
-        monkeypatch.setitem(published.RECIPE, key, value)
-    run = str(tmp_path / "published_seed1")
-    report = long.run_trial("published", 1, run, limit=60)
+    run, report = finished_run
     (row,) = long.ensembles([[run, run]], str(tmp_path / "ensembles.json"))
     assert row["val_tok_bleu"] == report["val"]["tok_bleu"] and row["gain_over_members_mean"] == 0.0
     assert row["members_val_tok_bleu"] == [report["val"]["tok_bleu"]] * 2 and row["seeds"] == [1, 1]
@@ -286,16 +294,12 @@ def test_ensembles_score_validation_and_a_run_with_itself_scores_as_alone(tmp_pa
         long.ensembles([[run, str(raw)]])
 
 
-def test_length_penalties_score_validation_per_alpha_and_the_recipe_s_alpha_as_the_run(tmp_path, monkeypatch, capsys):
+def test_length_penalties_score_validation_per_alpha_and_the_recipe_s_alpha_as_the_run(
+    tmp_path, monkeypatch, capsys, finished_run
+):
     """`--length-penalties`: one row per run and alpha, the recipe's alpha giving the run's own validation score,
     and the mean per alpha; test2016 is not decoded."""
-    tiny = dict(
-        preset="tiny", vocab_size=400, batch_tokens=256, max_steps=4, validate_bleu_every=None, precision="float32"
-    )
-    for key, value in tiny.items():
-        monkeypatch.setitem(published.RECIPE, key, value)
-    run = str(tmp_path / "published_seed1")
-    report = long.run_trial("published", 1, run, limit=60)
+    run, report = finished_run
     json_path = str(tmp_path / "new_machine" / "penalties.json")  # the directory is created
     from keras_transformer.inference.translator import Translator
 
