@@ -835,6 +835,7 @@ def _write_pairs(directory, split, sources, targets):
         ("lines", r"files of the train split have different line counts: .*train.en has 3, .*train.de has 2"),
         ("utf8", r".*val.de: line 2: invalid UTF-8 .* \(val split\)"),
         ("missing", r".*val.en: no such file \(val split\)"),
+        ("same_file", r"names one file, .*train.en, for both sides of the train split"),
     ],
 )
 def test_data_files_are_checked_before_the_run_directory_is_made(tmp_path, problem, message):
@@ -847,12 +848,23 @@ def test_data_files_are_checked_before_the_run_directory_is_made(tmp_path, probl
     if problem == "utf8":
         (corpus / "val.de").write_bytes(b"x\ncaf\xe9\n")
     output = tmp_path / "run"
+    target = "{split}.en" if problem == "same_file" else "{split}.de"
     args = training.TrainingArgs(
-        output=str(output), data=f"files:{corpus}/{{split}}.en,{corpus}/{{split}}.de", preset="tiny", vocab_size=400
+        output=str(output), data=f"files:{corpus}/{{split}}.en,{corpus}/./{target}", preset="tiny", vocab_size=400
     )
     with pytest.raises(ParameterError, match=message) as raised:
         training.train(args)
     assert raised.value.parameter == "data"
+    assert not output.exists()
+
+
+def test_a_named_corpus_in_one_language_is_refused_before_the_run_directory_is_made(tmp_path):
+    from keras_transformer.errors import ParameterError
+
+    output = tmp_path / "run"
+    args = training.TrainingArgs(output=str(output), data="multi30k", src="de", tgt="de", preset="tiny")
+    with pytest.raises(ParameterError, match=r"tgt must differ from src \(de\): data multi30k would pair"):
+        training.train(args)
     assert not output.exists()
 
 

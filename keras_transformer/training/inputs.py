@@ -31,10 +31,11 @@ def check_inputs(args):
         `[{"path", "lines", "sha256"}]` of the two training files.
 
     Raises:
-        ParameterError: (`data`) an unknown spec, or a file of a split that is
-            missing, unreadable, empty, not UTF-8, or whose line count differs
-            from the other side's; (`validation_split`) validation that would
-            read the training files.
+        ParameterError: (`data`) an unknown spec, one file for both sides of
+            a split, or a file of a split that is missing, unreadable, empty,
+            not UTF-8, or whose line count differs from the other side's;
+            (`tgt`) the source language again, for a named corpus;
+            (`validation_split`) validation that would read the training files.
     """
     try:
         spec = DataSpec.parse(args.data)
@@ -42,6 +43,10 @@ def check_inputs(args):
         raise ParameterError("data", str(error)) from None
     fingerprint = {"data": str(spec), "src": args.src, "tgt": args.tgt}
     if spec.kind != "files":
+        if args.src == args.tgt:
+            raise ParameterError(
+                "tgt", f"must differ from src ({args.src}): data {spec} would pair each sentence with itself."
+            )
         return fingerprint
     check_validation_files(spec, args)
     splits = ["train"]
@@ -50,8 +55,14 @@ def check_inputs(args):
     ):
         splits.append(args.validation_split)
     for split in splits:
+        paths = spec.file_paths(split, args.src, args.tgt)
+        if os.path.realpath(paths[0]) == os.path.realpath(paths[1]):
+            raise ParameterError(
+                "data", f"names one file, {paths[0]}, for both sides of the {split} split: each line would be "
+                "paired with itself."
+            )  # fmt: skip
         described = []
-        for path in spec.file_paths(split, args.src, args.tgt):
+        for path in paths:
             try:
                 described.append(check_text_file(path))
             except ValueError as error:
