@@ -46,8 +46,8 @@ import reproduce_multi30k as published  # noqa: E402
 from long_searches import ensembles, length_penalties  # noqa: E402
 from long_searches import read_json as _read  # noqa: E402
 from long_searches import recipe_of as _recipe_of  # noqa: E402
-from long_searches import write_json as _write  # noqa: E402
 from long_trials import CHOSEN, STOPPED, TRIALS  # noqa: E402
+from reproduce_multi30k import write_json as _write  # noqa: E402
 
 
 def trial_recipe(name):

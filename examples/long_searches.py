@@ -19,15 +19,6 @@ def read_json(path):
         return json.load(f)
 
 
-def write_json(path, data):
-    """Writes `data` whole or not at all (a crash keeps the file it replaces), creating its directory, as
-    `benchmarks/common.write_json` does: a new machine's results directory is the usual case."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-    os.replace(path + ".tmp", path)
-
-
 def validation_score(translator, run, text):
     """`published.translate_and_score` on `run`'s own validation split (`--limit` shortens it), its hypotheses
     written to a scratch directory rather than beside the run's."""
@@ -53,8 +44,8 @@ def text_form(report):
 def _report(json_path, command, rows, **fields):
     date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     machine, versions = published.machine(), published.versions()
-    write_json(json_path, dict(command=f"{command} --json {json_path}", date=date, versions=versions, machine=machine,
-                               **fields, rows=rows))  # fmt: skip
+    report = dict(command=f"{command} --json {json_path}", date=date, versions=versions, machine=machine)
+    published.write_json(json_path, dict(report, **fields, rows=rows))
 
 
 def ensembles(groups, json_path=None):

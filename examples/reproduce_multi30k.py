@@ -102,6 +102,19 @@ BEAM, ALPHA, LENGTH_PENALTY = 5, 1.0, "average"  # fairseq's --beam 5 --lenpen 1
 FAIRSEQ_PATIENCE = 10
 
 
+def write_json(path, data):
+    """Writes `data` whole or not at all (a crash keeps the file it replaces), creating its directory, as
+    `benchmarks/common.write_json` does: a new machine's results directory is the usual case."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False)
+    except BaseException:
+        os.remove(path + ".tmp")
+        raise
+    os.replace(path + ".tmp", path)
+
+
 def prepare_data(output, limit=None, text="lowercased_tokenized"):
     """Writes OUTPUT/data/{split}.{en,de}: lower-cased, punctuation-normalized, Moses-tokenized (as published),
     or with `text="raw"` the corpus as written (`TEXT_FORMS`).
@@ -295,10 +308,7 @@ def run(seed, output, export=True, limit=None, recipe=None, splits=SPLITS[1:], c
         report["export_path"] = str(path)
     report["wall_seconds_this_process"] = round(time.perf_counter() - started, 1)
     report["earlier_searches"] = earlier_searches(output, report)
-    report_path = os.path.join(output, "reproduction.json")
-    with open(report_path + ".tmp", "w", encoding="utf-8") as f:  # whole or as before: a crash keeps the last one
-        json.dump(report, f, indent=2, ensure_ascii=False)
-    os.replace(report_path + ".tmp", report_path)
+    write_json(os.path.join(output, "reproduction.json"), report)
     scores = ", ".join(f"{split} {report[split]['tok_bleu']:.2f}" for split in splits)
     print(f"seed {seed}: {scores} (lower-cased tokenized BLEU; published test2016 {PUBLISHED['test2016']})")
     return report
@@ -366,15 +376,12 @@ def summarize(run_dirs, json_path=None, plot_path=None, script="examples/reprodu
             dict(zip(("beam", "alpha", "length_penalty"), search), runs=len(runs),
                  **{split: round(statistics.mean(s[split] for s in runs), 2) for split in ("val", "test2016")})
         )  # fmt: skip
-    for path in (plot_path, json_path):  # a new machine's results directory, as benchmarks/common.write_json does
-        if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if plot_path:
+        os.makedirs(os.path.dirname(os.path.abspath(plot_path)), exist_ok=True)  # a new machine's results directory
         _plot_runs(run_dirs, plot_path)
         summary["curves"] = os.path.basename(plot_path)
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2, ensure_ascii=False)
+        write_json(json_path, summary)
     print(f"test2016 {summary['test2016']['mean']:.2f} ± {summary['test2016']['sd']:.2f}, "
           f"val {summary['val']['mean']:.2f} ± {summary['val']['sd']:.2f} over {len(reports)} seeds")  # fmt: skip
     return summary

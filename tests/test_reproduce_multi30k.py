@@ -86,6 +86,16 @@ def test_a_short_run_trains_resumes_scores_and_exports(tmp_path, monkeypatch):
     assert summary["earlier_searches"][0]["runs"] == 2 and summary["earlier_searches"][0]["length_penalty"] == "average"
 
 
+def test_a_results_file_is_written_whole_or_not_at_all(tmp_path):
+    """A write that fails halfway (here: a value JSON cannot hold) keeps the file it would have replaced."""
+    path = tmp_path / "new_machine" / "summary.json"
+    recipe.write_json(str(path), {"test2016": 40.7})
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        recipe.write_json(str(path), {"test2016": 41.0, "runs": [object()]})
+    assert json.loads(path.read_text(encoding="utf-8")) == {"test2016": 40.7}
+    assert os.listdir(path.parent) == ["summary.json"]
+
+
 def test_an_experiment_is_named_in_the_command_it_records(monkeypatch):
     assert recipe._experiment_flags() == ""  # the published recipe
     monkeypatch.setitem(recipe.RECIPE, "batch_tokens", 9216)
