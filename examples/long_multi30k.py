@@ -31,6 +31,8 @@ Run:
         --json benchmarks/results/<cpu>/long_ensembles.json                   # what ensembles would gain
     python examples/long_multi30k.py --length-penalties runs/long/mini_12k_seed0 runs/long/mini_12k_seed1 \\
         --alphas 1.0,1.2,1.4 --json benchmarks/results/<cpu>/long_length_penalties.json  # the search's lever
+    python examples/long_multi30k.py --averaging-windows runs/long/mini_12k_seed0 --windows 5,10,20,40 \\
+        --json benchmarks/results/<cpu>/long_averaging_windows.json             # the averaging's lever
     python examples/long_multi30k.py --commit runs/long/raw_12k_seed0 \\
         --json benchmarks/results/<cpu>/committed_model.json                   # the committed model
 """
@@ -43,7 +45,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reproduce_multi30k as published  # noqa: E402
-from long_searches import ensembles, length_penalties  # noqa: E402
+from long_searches import averaging_windows, ensembles, length_penalties  # noqa: E402
 from long_searches import read_json as _read  # noqa: E402
 from long_searches import recipe_of as _recipe_of  # noqa: E402
 from long_trials import CHOSEN, STOPPED, TRIALS  # noqa: E402
@@ -328,6 +330,7 @@ def table(roots, json_path=None):
 
 
 DEFAULT_ALPHAS = "1.0,1.2,1.4,1.6"
+DEFAULT_WINDOWS = "5,10,20,40"
 
 
 def _alphas(parser, text):
@@ -341,7 +344,18 @@ def _alphas(parser, text):
         parser.error(f"--alphas {text}: {error}")
 
 
-def main(argv=None):
+def _windows(parser, text):
+    """`--windows` as checkpoint counts of at least 1, or the parser's one-line error."""
+    try:
+        windows = [int(window) for window in text.split(",")]
+    except ValueError:
+        windows = [0]
+    if min(windows) < 1:
+        parser.error(f"--windows {text}: give comma-separated checkpoint counts of at least 1")
+    return windows
+
+
+def _parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trial", choices=sorted(TRIALS), help="train one trial, scored on validation only")
     parser.add_argument("--seed", type=int, help="seed of weights, dropout and data order (default 0)")
@@ -381,9 +395,25 @@ def main(argv=None):
         help=f"with --length-penalties: comma-separated exponents of the length (default {DEFAULT_ALPHAS})",
     )
     parser.add_argument(
-        "--json", help="with --table, --summarize, --commit, --ensembles or --length-penalties: write the result here"
+        "--averaging-windows",
+        metavar="RUN",
+        help="validation BLEU of this finished run with each of --windows checkpoints averaged (no test2016)",
     )
+    parser.add_argument(
+        "--windows", help=f"with --averaging-windows: comma-separated checkpoint counts (default {DEFAULT_WINDOWS})"
+    )
+    parser.add_argument(
+        "--checkpoints",
+        metavar="DIR",
+        help="with --averaging-windows: the run's epoch checkpoints, if kept elsewhere (default the run's own)",
+    )
+    parser.add_argument("--json", help="with any task but --trial or the chosen recipe: write the result here")
     parser.add_argument("--plot", help="with --summarize: the runs' validation curves (PNG)")
+    return parser
+
+
+def main(argv=None):
+    parser = _parser()
     namespace = parser.parse_args(argv)
     if namespace.commit and namespace.limit and not namespace.output:
         parser.error("--commit with --limit scores a few sentences: give --output, not the committed model's directory")
@@ -392,12 +422,14 @@ def main(argv=None):
             parser.error(
                 f"--commit takes the run's own trial and seed and plots nothing: drop --{flag.replace('_', '-')}"
             )
-    flags = ("table", "ensembles", "length_penalties", "commit", "summarize", "trial")
+    flags = ("table", "ensembles", "length_penalties", "averaging_windows", "commit", "summarize", "trial")
     tasks = [f"--{flag.replace('_', '-')}" for flag in flags if getattr(namespace, flag)]
     if len(tasks) > 1:
         parser.error(f"{', '.join(tasks)} are separate tasks: give one of them")
     if namespace.alphas and not namespace.length_penalties:
         parser.error("--alphas goes with --length-penalties")
+    if (namespace.windows or namespace.checkpoints) and not namespace.averaging_windows:
+        parser.error("--windows and --checkpoints go with --averaging-windows")
     namespace.seed = namespace.seed or 0
     if namespace.start_from and not namespace.trial:
         parser.error("--start-from continues a run as a trial: give --trial NAME too")
@@ -408,6 +440,9 @@ def main(argv=None):
     elif namespace.length_penalties:
         alphas = _alphas(parser, namespace.alphas or DEFAULT_ALPHAS)
         length_penalties(namespace.length_penalties, alphas, namespace.json)
+    elif namespace.averaging_windows:
+        windows = _windows(parser, namespace.windows or DEFAULT_WINDOWS)
+        averaging_windows(namespace.averaging_windows, windows, namespace.checkpoints, namespace.json)
     elif namespace.commit:
         commit(namespace.commit, namespace.output or COMMITTED_MODEL, namespace.limit, namespace.json)
     elif namespace.summarize:

@@ -1,7 +1,8 @@
 """Decode-only studies of the long recipe's finished runs, on validation only: what ensembles would gain, and
-whether the search's length penalty leaves BLEU on the table.
+whether the search's length penalty or a wider checkpoint average leaves BLEU on the table.
 
-`examples/long_multi30k.py` runs them (`--ensembles`, `--length-penalties`); test2016 is never decoded here.
+`examples/long_multi30k.py` runs them (`--ensembles`, `--length-penalties`, `--averaging-windows`); test2016 is
+never decoded here.
 """
 
 import json
@@ -119,3 +120,53 @@ def length_penalties(runs, alphas, json_path=None):
         _report(json_path, command, rows, search=dict(beam=published.BEAM, length_penalty=published.LENGTH_PENALTY),
                 mean_val_tok_bleu=means)  # fmt: skip
     return rows, means
+
+
+def averaging_windows(run, windows, checkpoints=None, json_path=None):
+    """Validation BLEU of a finished run with its last K epoch checkpoints averaged, for each K of `windows`;
+    returns the rows.
+
+    The recipe averages the last 10 (fairseq's `average_checkpoints.py --num-epoch-checkpoints 10`, as the authors
+    evaluate), 630 updates of a 12,000-update run; the paper averages 5 or 20 (§6.1). A wider window is the averaging's
+    own lever. `checkpoints`: a directory holding more of the run's epoch checkpoints than the run kept (a copy
+    made while it trained, or a run trained with a larger `keep_checkpoints`); default the run's own. The window
+    the run used is decoded too, and must give the run's recorded validation score: the check that the study
+    averages and searches as the run did (the same BLEU, n-gram precisions and length). Chosen on validation
+    only.
+    """
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.run_dir import list_checkpoints, load_run
+    from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
+
+    report = read_json(os.path.join(run, "reproduction.json"))
+    found = list_checkpoints(checkpoints or run)
+    steps = {path: step for step, path in found}
+    model, tokenizer = load_run(run, dtype="float32")
+    own = recipe_of(report).get("average_last", published.RECIPE["average_last"])
+    rows = []
+    for window in sorted(set(windows) | {own}):
+        chosen = checkpoints_to_average(found, report["step"], window)
+        if len(chosen) < window and window != own:  # the run itself averaged what it had
+            raise SystemExit(f"long_multi30k: {checkpoints or run} holds {len(chosen)} checkpoints up to update "
+                             f"{report['step']}, fewer than a window of {window}")  # fmt: skip
+        model.set_weights(average_checkpoints(chosen, model))
+        translator = Translator(
+            model, tokenizer, beam_size=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY
+        )
+        score = validation_score(translator, run, text_form(report))
+        rows.append(dict(run=run, trial=report.get("trial", "published"), seed=report["seed"], window=window,
+                         updates=[steps[chosen[0]], steps[chosen[-1]]], val_tok_bleu=score["tok_bleu"],
+                         val_details=score["tok_bleu_details"]))  # fmt: skip
+        print(f"{run} last {window} ({steps[chosen[0]]}-{steps[chosen[-1]]}): {score['tok_bleu_details']}")
+    recorded = report["val"]["tok_bleu_details"]
+    again = next(row["val_details"] for row in rows if row["window"] == own)
+    if again != recorded:
+        raise SystemExit(f"long_multi30k: {run}'s own window of {own} scores {again} here but {recorded} in its "
+                         "report: the study does not average or search as the run did")  # fmt: skip
+    if json_path:
+        command = f"python examples/long_multi30k.py --averaging-windows {run}"
+        command += " --windows " + ",".join(str(w) for w in windows)
+        command += f" --checkpoints {checkpoints}" if checkpoints else ""
+        search = dict(beam=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY)
+        _report(json_path, command, rows, search=search, recorded_val=recorded)
+    return rows

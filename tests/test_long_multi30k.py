@@ -342,3 +342,40 @@ def test_length_penalties_score_validation_per_alpha_and_the_recipe_s_alpha_as_t
     with pytest.raises(SystemExit):
         long.main(["--table", run, "--alphas", "1.2"])
     assert "--alphas goes with --length-penalties" in capsys.readouterr().err
+
+
+def test_averaging_windows_score_validation_and_the_run_s_own_window_as_the_run(tmp_path, capsys, finished_run):
+    """`--averaging-windows`: one row per window (the run's own added), the own window giving the run's validation
+    score; checkpoints kept elsewhere are read, those after the run's last update ignored; a window beyond the
+    checkpoints and a study that does not reproduce the run are refused."""
+    run, report = finished_run
+    kept = tmp_path / "kept"
+    shutil.copytree(os.path.join(run, "checkpoints"), kept)
+    (last,) = os.listdir(kept)  # the run's one checkpoint, at update 4, and two earlier copies of it
+    for step in (2, 3):
+        shutil.copy(kept / last, kept / f"ckpt-{step:08d}.weights.h5")
+    (kept / "ckpt-00000099.weights.h5").write_bytes(b"not a checkpoint")  # after the run's last update
+    json_path = str(tmp_path / "windows.json")
+    args = ["--averaging-windows", run, "--windows", "1,2", "--checkpoints", str(kept), "--json", json_path]
+    assert long.main(args) == 0
+    rows = json.loads(open(json_path, encoding="utf-8").read())["rows"]
+    own = published.RECIPE["average_last"]
+    assert [row["window"] for row in rows] == [1, 2, own]
+    assert [row["updates"] for row in rows] == [[4, 4], [3, 4], [2, 4]]
+    assert rows[-1]["val_details"] == report["val"]["tok_bleu_details"] and rows[0]["seed"] == 1
+    assert "last 2" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="holds 3 checkpoints up to update 4, fewer than a window of 50"):
+        long_searches.averaging_windows(run, [50], str(kept))
+    altered = tmp_path / "altered"
+    shutil.copytree(run, altered)
+    details = report["val"]["tok_bleu_details"].replace("hyp_len = ", "hyp_len = 1")
+    (altered / "reproduction.json").write_text(
+        json.dumps(dict(report, val=dict(report["val"], tok_bleu_details=details))), encoding="utf-8"
+    )
+    with pytest.raises(SystemExit, match="does not average or search as the run did"):
+        long_searches.averaging_windows(str(altered), [1])
+    for flags in (["--windows", "0,2"], ["--windows", "x"]):
+        with pytest.raises(SystemExit):
+            long.main(["--averaging-windows", run, *flags])
+    with pytest.raises(SystemExit):
+        long.main(["--table", "runs", "--windows", "5"])
