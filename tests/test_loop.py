@@ -835,7 +835,8 @@ def _write_pairs(directory, split, sources, targets):
         ("lines", r"files of the train split have different line counts: .*train.en has 3, .*train.de has 2"),
         ("utf8", r".*val.de: line 2: invalid UTF-8 .* \(val split\)"),
         ("missing", r".*val.en: no such file \(val split\)"),
-        ("same_file", r"names one file, .*train.en, for both sides of the train split"),
+        ("same_file", r"names one file \(.*/train.en and .*/\./train.en are one file\) for both sides of the train"),
+        ("symlink", r"names one file \(.*/train.en and .*/train.de are one file\) for both sides of the train split"),
     ],
 )
 def test_data_files_are_checked_before_the_run_directory_is_made(tmp_path, problem, message):
@@ -847,6 +848,9 @@ def test_data_files_are_checked_before_the_run_directory_is_made(tmp_path, probl
         _write_pairs(corpus, "val", ["a", "b"], ["x", "y"])
     if problem == "utf8":
         (corpus / "val.de").write_bytes(b"x\ncaf\xe9\n")
+    if problem == "symlink":
+        (corpus / "train.de").unlink()
+        (corpus / "train.de").symlink_to(corpus / "train.en")
     output = tmp_path / "run"
     target = "{split}.en" if problem == "same_file" else "{split}.de"
     args = training.TrainingArgs(
@@ -858,12 +862,13 @@ def test_data_files_are_checked_before_the_run_directory_is_made(tmp_path, probl
     assert not output.exists()
 
 
-def test_a_named_corpus_in_one_language_is_refused_before_the_run_directory_is_made(tmp_path):
+@pytest.mark.parametrize("data", ["multi30k", "tfds:wmt14_translate/de-en"])
+def test_a_named_corpus_in_one_language_is_refused_before_the_run_directory_is_made(tmp_path, data):
     from keras_transformer.errors import ParameterError
 
     output = tmp_path / "run"
-    args = training.TrainingArgs(output=str(output), data="multi30k", src="de", tgt="de", preset="tiny")
-    with pytest.raises(ParameterError, match=r"tgt must differ from src \(de\): data multi30k would pair"):
+    args = training.TrainingArgs(output=str(output), data=data, src="de", tgt="de", preset="tiny")
+    with pytest.raises(ParameterError, match=rf"tgt must differ from the source language \(de\): data {data} would"):
         training.train(args)
     assert not output.exists()
 

@@ -45,8 +45,9 @@ def check_inputs(args):
     if spec.kind != "files":
         if args.src == args.tgt:
             raise ParameterError(
-                "tgt", f"must differ from src ({args.src}): data {spec} would pair each sentence with itself."
-            )
+                "tgt", f"must differ from the source language ({args.src}): data {spec} would pair each sentence "
+                "with itself."
+            )  # fmt: skip
         return fingerprint
     check_validation_files(spec, args)
     splits = ["train"]
@@ -55,28 +56,34 @@ def check_inputs(args):
     ):
         splits.append(args.validation_split)
     for split in splits:
-        paths = spec.file_paths(split, args.src, args.tgt)
-        if os.path.realpath(paths[0]) == os.path.realpath(paths[1]):
-            raise ParameterError(
-                "data", f"names one file, {paths[0]}, for both sides of the {split} split: each line would be "
-                "paired with itself."
-            )  # fmt: skip
-        described = []
-        for path in paths:
-            try:
-                described.append(check_text_file(path))
-            except ValueError as error:
-                raise ParameterError("data", f"{error} ({split} split).") from None
-        source, target = described
-        if source["lines"] != target["lines"]:
-            raise ParameterError(
-                "data",
-                f"files of the {split} split have different line counts: {source['path']} has {source['lines']}, "
-                f"{target['path']} has {target['lines']} (line i of one translates line i of the other).",
-            )
+        described = _checked_pair(spec.file_paths(split, args.src, args.tgt), split)
         if split == "train":
             fingerprint["files"] = described
     return fingerprint
+
+
+def _checked_pair(paths, split):
+    """`check_text_file` of a split's source and target files, refused unless they are two files of as many lines."""
+    if os.path.realpath(paths[0]) == os.path.realpath(paths[1]):
+        named = paths[0] if paths[0] == paths[1] else f"{paths[0]} and {paths[1]} are one file"
+        raise ParameterError(
+            "data", f"names one file ({named}) for both sides of the {split} split: each line would be paired with "
+            "itself."
+        )  # fmt: skip
+    described = []
+    for path in paths:
+        try:
+            described.append(check_text_file(path))
+        except ValueError as error:
+            raise ParameterError("data", f"{error} ({split} split).") from None
+    source, target = described
+    if source["lines"] != target["lines"]:
+        raise ParameterError(
+            "data",
+            f"files of the {split} split have different line counts: {source['path']} has {source['lines']}, "
+            f"{target['path']} has {target['lines']} (line i of one translates line i of the other).",
+        )
+    return described
 
 
 def check_validation_files(spec, args):
