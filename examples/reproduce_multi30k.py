@@ -103,16 +103,13 @@ FAIRSEQ_PATIENCE = 10
 
 
 def write_json(path, data):
-    """Writes `data` whole or not at all (a crash keeps the file it replaces), creating its directory, as
-    `benchmarks/common.write_json` does: a new machine's results directory is the usual case."""
+    """Writes `data` whole or not at all (`run_dir.atomic_write_text`: a crash keeps the file it replaces),
+    creating its directory first, since a new machine's results directory is the usual case."""
+    from keras_transformer.run_dir import atomic_write_text
+
+    text = json.dumps(data, indent=2, ensure_ascii=False)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, ensure_ascii=False)
-    except BaseException:
-        os.remove(path + ".tmp")
-        raise
-    os.replace(path + ".tmp", path)
+    atomic_write_text(path, text)
 
 
 def prepare_data(output, limit=None, text="lowercased_tokenized"):

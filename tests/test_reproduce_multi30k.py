@@ -86,13 +86,22 @@ def test_a_short_run_trains_resumes_scores_and_exports(tmp_path, monkeypatch):
     assert summary["earlier_searches"][0]["runs"] == 2 and summary["earlier_searches"][0]["length_penalty"] == "average"
 
 
-def test_a_results_file_is_written_whole_or_not_at_all(tmp_path):
-    """A write that fails halfway (here: a value JSON cannot hold) keeps the file it would have replaced."""
-    path = tmp_path / "new_machine" / "summary.json"
-    recipe.write_json(str(path), {"test2016": 40.7})
+def test_a_summary_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A summary that fails halfway (here: a value JSON cannot hold) keeps the file it would have replaced."""
+    runs = []
+    for seed, bleu in enumerate((40.5, 41.0)):
+        run = tmp_path / f"seed{seed}"
+        run.mkdir()
+        report = dict(seed=seed, train_seconds=3600, val={"tok_bleu": bleu}, test2016={"tok_bleu": bleu - 1})
+        (run / "reproduction.json").write_text(json.dumps(report), encoding="utf-8")
+        runs.append(str(run))
+    path = tmp_path / "new_machine" / "summary.json"  # a results directory not made yet is created
+    first = recipe.summarize(runs, str(path))
+    assert json.loads(path.read_text(encoding="utf-8")) == first and first["test2016"]["mean"] == 39.75
+    monkeypatch.setattr(recipe, "versions", lambda: {"tensorflow": object()})
     with pytest.raises(TypeError, match="not JSON serializable"):
-        recipe.write_json(str(path), {"test2016": 41.0, "runs": [object()]})
-    assert json.loads(path.read_text(encoding="utf-8")) == {"test2016": 40.7}
+        recipe.summarize(runs, str(path))
+    assert json.loads(path.read_text(encoding="utf-8")) == first
     assert os.listdir(path.parent) == ["summary.json"]
 
 
