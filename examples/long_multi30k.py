@@ -32,6 +32,7 @@ Run:
     python examples/long_multi30k.py --length-penalties runs/long/mini_12k_seed0 runs/long/mini_12k_seed1 \\
         --alphas 1.0,1.2,1.4 --json benchmarks/results/<cpu>/long_length_penalties.json  # the search's lever
     python examples/long_multi30k.py --averaging-windows runs/long/mini_12k_seed0 --windows 5,10,20,40 \\
+        --checkpoints runs/long/mini_12k_seed0_kept \\
         --json benchmarks/results/<cpu>/long_averaging_windows.json             # the averaging's lever
     python examples/long_multi30k.py --commit runs/long/raw_12k_seed0 \\
         --json benchmarks/results/<cpu>/committed_model.json                   # the committed model
@@ -405,7 +406,8 @@ def _parser():
     parser.add_argument(
         "--checkpoints",
         metavar="DIR",
-        help="with --averaging-windows: the run's epoch checkpoints, if kept elsewhere (default the run's own)",
+        help="with --averaging-windows: more of the run's checkpoints, kept in DIR/checkpoints beside copies of its "
+        "config.json and vocabulary (default: the run's own only)",
     )
     parser.add_argument("--json", help="with any task but --trial or the chosen recipe: write the result here")
     parser.add_argument("--plot", help="with --summarize: the runs' validation curves (PNG)")

@@ -123,50 +123,98 @@ def length_penalties(runs, alphas, json_path=None):
 
 
 def averaging_windows(run, windows, checkpoints=None, json_path=None):
-    """Validation BLEU of a finished run with its last K epoch checkpoints averaged, for each K of `windows`;
-    returns the rows.
+    """Validation BLEU of a finished run with its last K checkpoints averaged, for each K of `windows`.
 
-    The recipe averages the last 10 (fairseq's `average_checkpoints.py --num-epoch-checkpoints 10`, as the authors
-    evaluate), 630 updates of a 12,000-update run; the paper averages 5 or 20 (§6.1). A wider window is the averaging's
-    own lever. `checkpoints`: a directory holding more of the run's epoch checkpoints than the run kept (a copy
-    made while it trained, or a run trained with a larger `keep_checkpoints`); default the run's own. The window
-    the run used is decoded too, and must give the run's recorded validation score: the check that the study
-    averages and searches as the run did (the same BLEU, n-gram precisions and length). Chosen on validation
-    only.
+    The recipe averages the last 10 epoch checkpoints (fairseq's `average_checkpoints.py --num-epoch-checkpoints
+    10`, as the authors evaluate), about 630 updates of a 12,000-update run; the paper averages 5 or 20 (§6.1). A
+    wider window is the averaging's own lever, and costs no training. The run's own window is decoded first and
+    must give the run's recorded validation BLEU, n-gram precisions and length: the check that the study averages
+    and searches as the run did. Chosen on validation only; test2016 is not decoded.
+
+    Args:
+        run: a finished run directory (its `reproduction.json`, `model.keras` and `checkpoints/`).
+        windows: the K to try (the run's own `average_last` is added).
+        checkpoints: a directory holding more of this run's checkpoints than the run kept (linked while it
+            trained; a run that should keep them sets `keep_checkpoints`), laid out as a run directory:
+            `checkpoints/` beside copies of the run's `config.json` and vocabulary, which averaging checks against
+            the run's. The run's own checkpoints are used where both have a step. Default: the run's own only.
+        json_path: where to write the rows with the command, machine and versions (default: nowhere).
+
+    Returns:
+        the rows, one per window, the run's own first: `window`, `steps` (of the checkpoints averaged),
+        `val_tok_bleu` and `val_details`.
+
+    Raises:
+        SystemExit: a run whose final model is not an average of its last checkpoints (an EMA or an
+            `average_fraction`), a window wider than the checkpoints up to the run's last update, or an own window
+            that does not reproduce the run's score.
     """
-    from keras_transformer.inference.translator import Translator
-    from keras_transformer.run_dir import list_checkpoints, load_run
-    from keras_transformer.training.averaging import average_checkpoints, checkpoints_to_average
+    from keras_transformer.run_dir import load_run
 
     report = read_json(os.path.join(run, "reproduction.json"))
-    found = list_checkpoints(checkpoints or run)
-    steps = {path: step for step, path in found}
+    own, found = _averaging_of(run, report), _checkpoints_up_to(run, report["step"], checkpoints)
+    for window in set(windows) - {own}:  # the run's own may have averaged fewer
+        if window > len(found):
+            raise SystemExit(f"long_multi30k: {run} (with {checkpoints or 'no --checkpoints'}) holds {len(found)} "
+                             f"checkpoints up to update {report['step']}, fewer than a window of {window}")  # fmt: skip
     model, tokenizer = load_run(run, dtype="float32")
-    own = recipe_of(report).get("average_last", published.RECIPE["average_last"])
     rows = []
-    for window in sorted(set(windows) | {own}):
-        chosen = checkpoints_to_average(found, report["step"], window)
-        if len(chosen) < window and window != own:  # the run itself averaged what it had
-            raise SystemExit(f"long_multi30k: {checkpoints or run} holds {len(chosen)} checkpoints up to update "
-                             f"{report['step']}, fewer than a window of {window}")  # fmt: skip
-        model.set_weights(average_checkpoints(chosen, model))
-        translator = Translator(
-            model, tokenizer, beam_size=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY
-        )
-        score = validation_score(translator, run, text_form(report))
-        rows.append(dict(run=run, trial=report.get("trial", "published"), seed=report["seed"], window=window,
-                         updates=[steps[chosen[0]], steps[chosen[-1]]], val_tok_bleu=score["tok_bleu"],
+    for window in [own] + sorted(set(windows) - {own}):
+        steps = [step for step, _ in found[-window:]]
+        score = _averaged_score(model, tokenizer, [path for _, path in found[-window:]], run, text_form(report))
+        rows.append(dict(window=window, steps=steps, val_tok_bleu=score["tok_bleu"],
                          val_details=score["tok_bleu_details"]))  # fmt: skip
-        print(f"{run} last {window} ({steps[chosen[0]]}-{steps[chosen[-1]]}): {score['tok_bleu_details']}")
-    recorded = report["val"]["tok_bleu_details"]
-    again = next(row["val_details"] for row in rows if row["window"] == own)
-    if again != recorded:
-        raise SystemExit(f"long_multi30k: {run}'s own window of {own} scores {again} here but {recorded} in its "
-                         "report: the study does not average or search as the run did")  # fmt: skip
+        print(f"{run} last {window} ({steps[0]}-{steps[-1]}): {score['tok_bleu_details']}")
+        if window == own and score["tok_bleu_details"] != report["val"]["tok_bleu_details"]:
+            raise SystemExit(f"long_multi30k: {run}'s own window of {own} scores {score['tok_bleu_details']} here but "
+                             f"{report['val']['tok_bleu_details']} in its report: the study does not average or "
+                             "search as the run did")  # fmt: skip
     if json_path:
         command = f"python examples/long_multi30k.py --averaging-windows {run}"
         command += " --windows " + ",".join(str(w) for w in windows)
         command += f" --checkpoints {checkpoints}" if checkpoints else ""
         search = dict(beam=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY)
-        _report(json_path, command, rows, search=search, recorded_val=recorded)
+        _report(json_path, command, rows, run=run, trial=report.get("trial", "published"), seed=report["seed"],
+                own_window=own, search=search)  # fmt: skip
     return rows
+
+
+def _averaging_of(run, report):
+    """The run's own window: its `average_last`, refused for final models that are not such an average."""
+    training = report["training"]
+    ema, fraction = training.get("ema"), training.get("average_fraction")
+    if ema or fraction:
+        raise SystemExit(f"long_multi30k: {run}'s final model is not the average of its last checkpoints "
+                         f"(ema {ema}, average_fraction {fraction})")  # fmt: skip
+    return max(1, training["average_last"])
+
+
+def _checkpoints_up_to(run, last_step, extra=None):
+    """`(step, path)` of the run's checkpoints up to `last_step`, oldest first, with those of `extra` at steps the
+    run no longer holds."""
+    from keras_transformer.run_dir import list_checkpoints
+    from keras_transformer.training.averaging import check_same_model
+
+    found = dict(list_checkpoints(run))
+    if extra:
+        more = dict(list_checkpoints(extra))
+        if not more:
+            raise SystemExit(f"long_multi30k: --checkpoints {extra} holds no checkpoints/ckpt-*.weights.h5")
+        try:
+            check_same_model([found[max(found)], more[max(more)]] if found else [more[max(more)]])
+        except ValueError as error:
+            raise SystemExit(f"long_multi30k: --checkpoints {extra}: {error}") from None
+        found = {**more, **found}
+    return sorted((step, path) for step, path in found.items() if step <= last_step)
+
+
+def _averaged_score(model, tokenizer, paths, run, text):
+    """`validation_score` of `model` with the mean of the checkpoints `paths` as its weights."""
+    from keras_transformer.inference.translator import Translator
+    from keras_transformer.training.averaging import average_checkpoints
+
+    model.set_weights(average_checkpoints(paths, model))
+    translator = Translator(
+        model, tokenizer, beam_size=published.BEAM, alpha=published.ALPHA, length_penalty=published.LENGTH_PENALTY
+    )
+    return validation_score(translator, run, text)

@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 
+import numpy as np
 import pytest
 
 from keras_transformer.training.callbacks import SIGNAL_AT_STEP_ENVIRONMENT
@@ -344,38 +345,90 @@ def test_length_penalties_score_validation_per_alpha_and_the_recipe_s_alpha_as_t
     assert "--alphas goes with --length-penalties" in capsys.readouterr().err
 
 
+def _kept_checkpoints(run, directory, scales):
+    """Checkpoints kept beside copies of the run's config and vocabulary: the run's one checkpoint (update 4) and,
+    at updates 2, 3, ..., its weights times `scales`."""
+    from keras_transformer.run_dir import CONFIG_FILENAME, TOKENIZER_FILENAME, load_run
+
+    shutil.copytree(os.path.join(run, "checkpoints"), directory / "checkpoints")
+    for name in (CONFIG_FILENAME, TOKENIZER_FILENAME):
+        shutil.copy(os.path.join(run, name), directory / name)
+    model, _ = load_run(run, dtype="float32")
+    weights = model.get_weights()
+    for step, scale in enumerate(scales, start=2):
+        model.set_weights([w * scale for w in weights])
+        model.save_weights(str(directory / "checkpoints" / f"ckpt-{step:08d}.weights.h5"))
+    (directory / "checkpoints" / "ckpt-00000099.weights.h5").write_bytes(b"not a checkpoint")  # after update 4
+    return weights[0]
+
+
 def test_averaging_windows_score_validation_and_the_run_s_own_window_as_the_run(tmp_path, capsys, finished_run):
-    """`--averaging-windows`: one row per window (the run's own added), the own window giving the run's validation
-    score; checkpoints kept elsewhere are read, those after the run's last update ignored; a window beyond the
-    checkpoints and a study that does not reproduce the run are refused."""
+    """`--averaging-windows`: the run's own window first, reproducing its validation score, then one row per
+    window over the checkpoints kept elsewhere (those after the run's last update ignored), in the results file
+    with the command that wrote it."""
     run, report = finished_run
     kept = tmp_path / "kept"
-    shutil.copytree(os.path.join(run, "checkpoints"), kept)
-    (last,) = os.listdir(kept)  # the run's one checkpoint, at update 4, and two earlier copies of it
-    for step in (2, 3):
-        shutil.copy(kept / last, kept / f"ckpt-{step:08d}.weights.h5")
-    (kept / "ckpt-00000099.weights.h5").write_bytes(b"not a checkpoint")  # after the run's last update
+    _kept_checkpoints(run, kept, scales=(1.0, 1.0))
     json_path = str(tmp_path / "windows.json")
-    args = ["--averaging-windows", run, "--windows", "1,2", "--checkpoints", str(kept), "--json", json_path]
+    args = ["--averaging-windows", run, "--windows", "2,1", "--checkpoints", str(kept), "--json", json_path]
     assert long.main(args) == 0
-    rows = json.loads(open(json_path, encoding="utf-8").read())["rows"]
-    own = published.RECIPE["average_last"]
-    assert [row["window"] for row in rows] == [1, 2, own]
-    assert [row["updates"] for row in rows] == [[4, 4], [3, 4], [2, 4]]
-    assert rows[-1]["val_details"] == report["val"]["tok_bleu_details"] and rows[0]["seed"] == 1
-    assert "last 2" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="holds 3 checkpoints up to update 4, fewer than a window of 50"):
-        long_searches.averaging_windows(run, [50], str(kept))
-    altered = tmp_path / "altered"
-    shutil.copytree(run, altered)
+    written = json.loads(open(json_path, encoding="utf-8").read())
+    rows, own = written["rows"], report["training"]["average_last"]
+    assert [(row["window"], row["steps"]) for row in rows] == [(own, [2, 3, 4]), (1, [4]), (2, [3, 4])]
+    assert rows[0]["val_details"] == report["val"]["tok_bleu_details"]
+    assert (written["own_window"], written["seed"], written["run"]) == (own, 1, run)
+    assert written["command"] == f"python examples/long_multi30k.py {' '.join(args)}"
+    assert "last 2 (3-4)" in capsys.readouterr().out
+
+
+def test_averaging_windows_decode_the_average_of_the_chosen_checkpoints(tmp_path, monkeypatch, finished_run):
+    """Each window decodes the mean of its checkpoints (here the run's weights times 0 and 2 at updates 2 and 3):
+    w, (2w + w) / 2 and (0 + 2w + w) / 3; a window beyond the checkpoints is refused before anything is decoded."""
+    run, report = finished_run
+    first = _kept_checkpoints(run, tmp_path / "kept", scales=(0.0, 2.0))
+    decoded = []
+
+    def spy(translator, r, text):
+        decoded.append(translator.model.get_weights()[0])
+        return dict(tok_bleu=report["val"]["tok_bleu"], tok_bleu_details=report["val"]["tok_bleu_details"])
+
+    monkeypatch.setattr(long_searches, "validation_score", spy)
+    with pytest.raises(SystemExit, match="holds 3 checkpoints up to update 4, fewer than a window of 4"):
+        long_searches.averaging_windows(run, [4, 1], str(tmp_path / "kept"))
+    assert decoded == []
+    long_searches.averaging_windows(run, [1, 2, 3], str(tmp_path / "kept"))
+    own = report["training"]["average_last"]
+    expected = {1: first, 2: 1.5 * first, 3: first, own: first}
+    for window, weights in zip([own, 1, 2, 3], decoded):
+        np.testing.assert_allclose(weights, expected[window], rtol=1e-6, atol=1e-7)
+
+
+def test_averaging_windows_refuse_what_they_cannot_study(tmp_path, capsys, finished_run):
+    run, report = finished_run
+
+    def altered(name, **changes):
+        directory = tmp_path / name
+        shutil.copytree(run, directory)
+        (directory / "reproduction.json").write_text(json.dumps(dict(report, **changes)), encoding="utf-8")
+        return str(directory)
+
     details = report["val"]["tok_bleu_details"].replace("hyp_len = ", "hyp_len = 1")
-    (altered / "reproduction.json").write_text(
-        json.dumps(dict(report, val=dict(report["val"], tok_bleu_details=details))), encoding="utf-8"
-    )
     with pytest.raises(SystemExit, match="does not average or search as the run did"):
-        long_searches.averaging_windows(str(altered), [1])
-    for flags in (["--windows", "0,2"], ["--windows", "x"]):
+        long_searches.averaging_windows(altered("other", val=dict(report["val"], tok_bleu_details=details)), [1])
+    with pytest.raises(SystemExit, match=r"not the average of its last checkpoints \(ema 0.999"):
+        long_searches.averaging_windows(altered("ema", training=dict(report["training"], ema=0.999)), [1])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="--checkpoints .*empty holds no checkpoints/ckpt"):
+        long_searches.averaging_windows(run, [1], str(tmp_path / "empty"))
+    _kept_checkpoints(run, tmp_path / "bare", scales=(1.0,))
+    os.remove(tmp_path / "bare" / "config.json")  # checkpoints whose model cannot be checked
+    with pytest.raises(SystemExit, match="--checkpoints .*bare: Cannot average .* has a config.json, the other's has"):
+        long_searches.averaging_windows(run, [1], str(tmp_path / "bare"))
+    for flags, message in (
+        (["--averaging-windows", run, "--windows", "0,2"], "--windows 0,2: give comma-separated checkpoint counts"),
+        (["--averaging-windows", run, "--windows", "x"], "--windows x: give comma-separated checkpoint counts"),
+        (["--table", "runs", "--windows", "5"], "--windows and --checkpoints go with --averaging-windows"),
+    ):
         with pytest.raises(SystemExit):
-            long.main(["--averaging-windows", run, *flags])
-    with pytest.raises(SystemExit):
-        long.main(["--table", "runs", "--windows", "5"])
+            long.main(flags)
+        assert message in capsys.readouterr().err
