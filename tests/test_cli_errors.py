@@ -54,6 +54,18 @@ def test_train_refuses_missing_directory_and_empty_data_files_in_one_line(tmp_pa
             f"keras-transformer train: --data files:{files}: {path}{problem} (train split)."
         )
         assert not (tmp_path / "run").exists()  # refused before the run directory is made
+    (tmp_path / "one.en").write_text("a dog\n")
+    proc = run_command(
+        ["train", "--data", "files:one.en,./one.en", "--validation-split", "none", "--output", "run"], cwd=tmp_path
+    )
+    assert (proc.returncode, error_lines(proc.stderr)) == (
+        2,
+        [
+            "keras-transformer train: --data files:one.en,./one.en: names one file (one.en and ./one.en are one "
+            "file) for both sides of the train split: each line would be paired with itself."
+        ],
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_refuses_an_unknown_field_of_a_files_template_in_one_line(tmp_path):

@@ -64,18 +64,18 @@ def check_inputs(args):
 
 def _checked_pair(paths, split):
     """`check_text_file` of a split's source and target files, refused unless they are two files of as many lines."""
-    if os.path.realpath(paths[0]) == os.path.realpath(paths[1]):
-        named = paths[0] if paths[0] == paths[1] else f"{paths[0]} and {paths[1]} are one file"
-        raise ParameterError(
-            "data", f"names one file ({named}) for both sides of the {split} split: each line would be paired with "
-            "itself."
-        )  # fmt: skip
     described = []
     for path in paths:
         try:
             described.append(check_text_file(path))
         except ValueError as error:
             raise ParameterError("data", f"{error} ({split} split).") from None
+    if os.path.realpath(paths[0]) == os.path.realpath(paths[1]):
+        named = paths[0] if paths[0] == paths[1] else f"{paths[0]} and {paths[1]} are one file"
+        raise ParameterError(
+            "data", f"names one file ({named}) for both sides of the {split} split: each line would be paired with "
+            "itself."
+        )  # fmt: skip
     source, target = described
     if source["lines"] != target["lines"]:
         raise ParameterError(
