@@ -153,16 +153,17 @@ def averaging_windows(run, windows, checkpoints=None, json_path=None):
 
     report = read_json(os.path.join(run, "reproduction.json"))
     own, found = _averaging_of(run, report), _checkpoints_up_to(run, report["step"], checkpoints)
-    for window in set(windows) - {own}:  # the run's own may have averaged fewer
+    others = sorted(set(windows) - {own})  # the run's own may have averaged fewer than it names
+    for window in others:
         if window > len(found):
             raise SystemExit(f"long_multi30k: {run} (with {checkpoints or 'no --checkpoints'}) holds {len(found)} "
                              f"checkpoints up to update {report['step']}, fewer than a window of {window}")  # fmt: skip
     model, tokenizer = load_run(run, dtype="float32")
     rows = []
-    for window in [own] + sorted(set(windows) - {own}):
-        steps = [step for step, _ in found[-window:]]
-        score = _averaged_score(model, tokenizer, [path for _, path in found[-window:]], run, text_form(report))
-        rows.append(dict(window=window, steps=steps, val_tok_bleu=score["tok_bleu"],
+    for window in [own] + others:
+        steps, paths = zip(*found[-window:])
+        score = _averaged_score(model, tokenizer, list(paths), run, text_form(report))
+        rows.append(dict(window=window, steps=list(steps), val_tok_bleu=score["tok_bleu"],
                          val_details=score["tok_bleu_details"]))  # fmt: skip
         print(f"{run} last {window} ({steps[0]}-{steps[-1]}): {score['tok_bleu_details']}")
         if window == own and score["tok_bleu_details"] != report["val"]["tok_bleu_details"]:
@@ -200,10 +201,11 @@ def _checkpoints_up_to(run, last_step, extra=None):
         more = dict(list_checkpoints(extra))
         if not more:
             raise SystemExit(f"long_multi30k: --checkpoints {extra} holds no checkpoints/ckpt-*.weights.h5")
-        try:
-            check_same_model([found[max(found)], more[max(more)]] if found else [more[max(more)]])
-        except ValueError as error:
-            raise SystemExit(f"long_multi30k: --checkpoints {extra}: {error}") from None
+        if found:  # `average_checkpoints` checks every path it averages; this refuses an unrelated one up front
+            try:
+                check_same_model([found[max(found)], more[max(more)]])
+            except ValueError as error:
+                raise SystemExit(f"long_multi30k: --checkpoints {extra}: {error}") from None
         found = {**more, **found}
     return sorted((step, path) for step, path in found.items() if step <= last_step)
 
