@@ -186,7 +186,7 @@ def _add_data_flags(parser, d):
 
 
 def _add_schedule_flags(parser, d):
-    """How long and at what learning rate (§5.2, §5.3)."""
+    """How long, at what learning rate (§5.2, §5.3) and with which loss."""
     schedule = parser.add_argument_group("schedule")
     schedule.add_argument(
         "--epochs",
@@ -233,6 +233,15 @@ def _add_schedule_flags(parser, d):
         help="lower the learning rate linearly to zero over this last fraction of the run (of "
         "--time-budget or of the steps, whichever ends it; not in the paper; "
         "default %(default)s: none)",
+    )
+    schedule.add_argument(
+        "--rdrop-alpha",
+        type=float,
+        default=d.rdrop_alpha,
+        metavar="ALPHA",
+        help="R-Drop: run each batch twice under independent dropout masks and add ALPHA times the "
+        "symmetric KL divergence of the two passes to the loss (not in the paper; 5 in R-Drop's IWSLT14 "
+        "recipe; an update costs two passes: halve --batch-tokens to keep its cost; default %(default)s: off)",
     )
 
 

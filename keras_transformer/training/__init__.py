@@ -28,6 +28,7 @@ Modules:
 - `callbacks`: progress, checkpoints, time budget, CSV and TensorBoard logs.
 - `accumulation`: gradient accumulation, one update from `accumulate_steps`
   batches (the paper's batch of §5.1 on fewer devices).
+- `rdrop`: R-Drop's loss, two dropout masks per batch (`--rdrop-alpha`; not in the paper).
 - `averaging`: checkpoint averaging (§6.1).
 - `curves`: `curves.png`.
 - `loop`: `train()`, in named phases.

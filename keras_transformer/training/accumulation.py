@@ -42,13 +42,17 @@ import tensorflow as tf
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 
 
-def accumulate_gradients(model, steps):
+def accumulate_gradients(model, steps, forward=None):
     """Makes `model.fit` apply one update per `steps` batches, with the gradient of their global token mean.
 
     Args:
         model: a built `keras.Model` compiled with a `LabelSmoothedCrossEntropy`
             loss (a `Transformer`), under the strategy it will train with.
         steps: K, batches per update; 1 leaves `model` untouched.
+        forward: None for Keras' forward pass and loss, or a function
+            `(x, y, sample_weight) -> (loss, y_pred, logs)` giving a batch's
+            loss (a mean over its real tokens), the predictions its metrics
+            read and more logs (`rdrop.RDrop.forward`).
 
     Returns:
         the `GradientAccumulation` installed, or None for `steps` 1.
@@ -68,7 +72,7 @@ def accumulate_gradients(model, steps):
         raise ValueError(f"accumulate_steps must be a positive integer, got {steps!r}.")
     if steps == 1:
         return None
-    accumulation = GradientAccumulation(model, steps)
+    accumulation = GradientAccumulation(model, steps, forward)
     model.make_train_function = accumulation.make_train_function
     model.train_function = None
     return accumulation
@@ -82,9 +86,10 @@ class GradientAccumulation:
     Args:
         model: as for `accumulate_gradients`.
         steps: K >= 2, batches per update.
+        forward: as for `accumulate_gradients`.
     """
 
-    def __init__(self, model, steps):
+    def __init__(self, model, steps, forward=None):
         if not isinstance(model.loss, LabelSmoothedCrossEntropy):
             raise ValueError(
                 f"Gradient accumulation weights each batch by its real tokens, the mean LabelSmoothedCrossEntropy "
@@ -92,6 +97,7 @@ class GradientAccumulation:
             )
         self.model = model
         self.steps = steps
+        self.forward = forward or self._keras_forward
         self.train_function = None
         on_read = dict(
             trainable=False,
@@ -156,9 +162,8 @@ class GradientAccumulation:
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            _update_loss_tracker(model, loss, x)
+            loss, y_pred, logs = self.forward(x, y, sample_weight)
+            update_loss_tracker(model, loss, x)
             scaled_loss = model.optimizer.scale_loss(loss)
         variables = model.trainable_variables
         gradients = tape.gradient(scaled_loss, variables)
@@ -178,10 +183,16 @@ class GradientAccumulation:
                 if s is not None:
                     acc.assign_add(s)
             self.tokens.assign_add(tokens)
-        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return {**model.compute_metrics(x, y, y_pred, sample_weight=sample_weight), **logs}
+
+    def _keras_forward(self, x, y, sample_weight):
+        """Keras' forward pass and loss of one batch: `(loss, y_pred, {})`."""
+        y_pred = self.model(x, training=True)
+        loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+        return loss, y_pred, {}
 
 
-def _update_loss_tracker(model, loss, x):
+def update_loss_tracker(model, loss, x):
     """Logs the batch's loss as Keras' train step does: its "loss" metric, weighted by the batch's sequences."""
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     tracker = next(metric for metric in model.metrics if metric.name == "loss")

@@ -10,8 +10,9 @@
    changed to `resumes.jsonl` and keeps the first options file.
 4. `_build_model`: the model, Adam on the schedule of §5.3 and the metrics,
    under `strategy.scope()`, updated once every `accumulate_steps` batches
-   (`training.accumulation`); the backup's weights on a resume, or the
-   weights of `--init-from`'s run on a fresh start.
+   (`training.accumulation`), with R-Drop's loss if asked (`training.rdrop`);
+   the backup's weights on a resume, or the weights of `--init-from`'s run
+   on a fresh start.
 5. `_fit`: `model.fit` with the callbacks, up to the last step or the time budget.
 6. `_finish`: the final float32 model, averaged over the last checkpoints
    (§6.1), validated, saved as `model.keras`; `curves.png`.
@@ -58,6 +59,7 @@ from keras_transformer.training.averaging import average_checkpoints, checkpoint
 from keras_transformer.training.curves import plot_curves
 from keras_transformer.training.inputs import check_inputs, tie_vocabulary_to_data
 from keras_transformer.training.options import TrainingArgs, TrainingResult
+from keras_transformer.training.rdrop import use_rdrop
 from keras_transformer.training.run import ResumePoint, Run, check_resume_config, load_resume_point
 from keras_transformer.training.stream import TrainingData
 from keras_transformer.training.stream import fit_plan as _fit_plan
@@ -303,7 +305,8 @@ def _build_model(state):
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         element_spec = state.training_data.stream(0, state.steps_per_epoch).element_spec
         strategies.work_around_keras_multiworker(model, strategy, element_spec)
-    accumulate_gradients(model, args.accumulate_steps)  # K = 1: the model as it is
+    rdrop = use_rdrop(model, args.rdrop_alpha)  # alpha 0: the model as it is
+    accumulate_gradients(model, args.accumulate_steps, rdrop and rdrop.forward)  # K = 1: the model as it is
     resume = state.resume
     if resume is None and args.init_from:
         with strategy.scope():

@@ -35,9 +35,10 @@ RESUME_FIXED = (
     "cooldown",
     "precision",
     "ema",
+    "rdrop_alpha",
 )
 # What a run recorded without an option had: its value then, for the resume check.
-RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8, "subword_sampling": 0.0, "accumulate_steps": 1}
+RESUME_LEGACY_VALUES = {"pad_to_multiple_of": 8, "subword_sampling": 0.0, "accumulate_steps": 1, "rdrop_alpha": 0.0}
 
 
 @dataclasses.dataclass
@@ -95,6 +96,11 @@ class TrainingArgs:
             rate only decays with equation (3)). The run's progress is its
             step over the last step, or with a time budget its training time
             over the budget, whichever is further. 0 (default): none.
+        rdrop_alpha: R-Drop (`training.rdrop`; not in the paper): each batch
+            runs twice under independent dropout masks and the loss adds
+            alpha times the symmetric KL divergence of the two passes (5 in
+            R-Drop's IWSLT14 recipe). An update costs two passes: halve
+            `batch_tokens` to keep its cost. 0 (default): the paper's loss.
     Starting point:
         init_from: a run directory whose model configuration, vocabulary
             and weights this run starts from (fine-tuning, continued
@@ -165,6 +171,7 @@ class TrainingArgs:
     warmup_steps: int = 4000
     lr_scale: float = 1.0
     cooldown: float = 0.0
+    rdrop_alpha: float = 0.0
     precision: str = "float32"
     xla: bool = False
     seed: int = 0
@@ -254,6 +261,12 @@ class TrainingArgs:
             )
         if isinstance(self.cooldown, bool) or not 0.0 <= self.cooldown <= 1.0:
             raise ParameterError("cooldown", f"must be a fraction of the run in [0, 1], got {self.cooldown!r}.")
+        if (
+            isinstance(self.rdrop_alpha, bool)
+            or not isinstance(self.rdrop_alpha, (int, float))
+            or not self.rdrop_alpha >= 0
+        ):
+            raise ParameterError("rdrop_alpha", f"must be a number >= 0, got {self.rdrop_alpha!r}.")
         if not self.lr_scale > 0:
             raise ParameterError("lr_scale", f"must be positive, got {self.lr_scale!r}.")
 

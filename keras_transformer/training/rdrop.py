@@ -1,0 +1,163 @@
+"""R-Drop (Liang et al., 2021): each batch under two dropout masks, and the divergence of their predictions in the loss.
+
+Not in the paper: an option of the training (`TrainingArgs.rdrop_alpha`,
+`--rdrop-alpha`) whose default, 0, leaves the loss of §5.4 as it is.
+
+Each training batch goes through the model as one batch of its sentences
+twice over, so every dropout layer (§5.4) draws an independent mask for each
+copy, and the loss adds to the label-smoothed cross-entropy of both passes
+the symmetric KL divergence between their token distributions p1 and p2,
+weighted by alpha (R-Drop's equation (3)):
+
+    L = LS(p1) + LS(p2) + alpha * 1/2 (KL(p1 || p2) + KL(p2 || p1))
+
+summed over the real target tokens. Both passes get the divergence's
+gradient (neither is held fixed), as in R-Drop and in fairseq's
+`label_smoothed_cross_entropy_with_rdrop` (`--rdrop-alpha`; 5 for IWSLT14
+de-en with dropout 0.3). Here the sum is divided by twice the real tokens of
+the global batch (all replicas), so the loss is the mean cross-entropy of the
+two passes plus alpha / 2 times the mean symmetric divergence per token:
+the sum's own ratio of the two terms, a loss that equals the usual one at
+alpha 0, and the same updates from Adam, which ignores the loss's scale.
+
+Per token, from the float32 log-probabilities of the two passes,
+
+    KL(p1 || p2) + KL(p2 || p1) = sum_k (p1(k) - p2(k)) (log p1(k) - log p2(k)).
+
+An update costs two passes of its batch: half the `batch_tokens` keeps its
+cost. The accuracy and the token counts are those of the first pass; the
+validation loss stays the plain cross-entropy of one pass without dropout.
+The training logs add `rdrop_kl`, the batch's mean symmetric divergence.
+"""
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from keras_transformer.losses import _sum_over_replicas, _token_weights
+from keras_transformer.training.accumulation import update_loss_tracker
+
+
+def symmetric_kl(logits_1, logits_2):
+    """1/2 (KL(p1 || p2) + KL(p2 || p1)) of the softmaxes of two logits, per position, in float32.
+
+    Args:
+        logits_1, logits_2: `[..., V]`, any float dtype.
+
+    Returns:
+        float32 `[...]`, zero where the two distributions are equal.
+
+    Example:
+    >>> round(float(symmetric_kl(ops.array([[0.0, 0.0]]), ops.array([[0.0, 1.0]]))[0]), 4)
+    0.1155
+    """
+    log_p1 = ops.log_softmax(ops.cast(logits_1, "float32"), axis=-1)
+    log_p2 = ops.log_softmax(ops.cast(logits_2, "float32"), axis=-1)
+    return 0.5 * ops.sum((ops.exp(log_p1) - ops.exp(log_p2)) * (log_p1 - log_p2), axis=-1)
+
+
+def mean_symmetric_kl(logits, labels, pad_id, sample_weight=None):
+    """This replica's part of the global batch's mean `symmetric_kl` per real target token.
+
+    Args:
+        logits: `[2B, T, V]`, the first pass's B rows then the second's.
+        labels: int `[B, T]`, of one pass; `pad_id` marks padding.
+        pad_id: the padding label.
+        sample_weight: None, `[B]` or `[B, T]`.
+
+    Returns:
+        float32 scalar: the sum over this replica's real tokens divided by
+        the real tokens of all replicas (summed over replicas: the mean).
+    """
+    first, second = ops.split(logits, 2, axis=0)
+    weights = _token_weights(ops.cast(labels, "int32"), pad_id, sample_weight)
+    count = ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
+    return ops.sum(symmetric_kl(first, second) * weights) / count
+
+
+def use_rdrop(model, alpha):
+    """Makes `model.fit` train `model` with R-Drop's loss, weighting the divergence by `alpha`.
+
+    Install it before `accumulate_gradients`, and give that the returned
+    `RDrop`'s `forward`.
+
+    Args:
+        model: a `Transformer` compiled with a `LabelSmoothedCrossEntropy`
+            loss, under the strategy it will train with.
+        alpha: the divergence's weight, >= 0; 0 leaves `model` untouched.
+
+    Returns:
+        the `RDrop` installed, or None for alpha 0.
+
+    Raises:
+        ValueError: alpha is not a number >= 0.
+
+    Example:
+    >>> from keras_transformer import Transformer, TransformerConfig
+    >>> model = Transformer(TransformerConfig.tiny(vocab_size=100))
+    >>> model.compile()
+    >>> use_rdrop(model, 5.0).alpha
+    5.0
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
+        raise ValueError(f"rdrop_alpha must be a number >= 0, got {alpha!r}.")
+    if alpha == 0:
+        return None
+    rdrop = RDrop(model, float(alpha))
+    model.train_step = rdrop.train_step
+    model.train_function = None
+    return rdrop
+
+
+class RDrop:
+    """R-Drop's forward pass and loss, and the `fit` train step that uses them. Use `use_rdrop`, which installs it.
+
+    Args:
+        model: as for `use_rdrop`.
+        alpha: the divergence's weight, > 0.
+    """
+
+    def __init__(self, model, alpha):
+        self.model = model
+        self.alpha = alpha
+
+    def forward(self, x, y, sample_weight=None):
+        """Both passes of a training batch and their loss.
+
+        Args:
+            x: the model's inputs `(source_ids, target_ids)`, `[B, ...]` each.
+            y: labels `[B, T]`.
+            sample_weight: None, `[B]` or `[B, T]`.
+
+        Returns:
+            `(loss, logits, logs)`: the loss of the module docstring (this
+            replica's part), the first pass's logits `[B, T, V]`, and
+            `{"rdrop_kl": the global batch's mean symmetric divergence}`.
+        """
+        model = self.model
+        logits = model(_twice(x), training=True)
+        cross_entropy = model.compute_loss(
+            x=x, y=_twice(y), y_pred=logits, sample_weight=_twice(sample_weight), training=True
+        )
+        kl = mean_symmetric_kl(logits, y, model.loss.pad_id, sample_weight)
+        first = ops.split(logits, 2, axis=0)[0]
+        return cross_entropy + 0.5 * self.alpha * kl, first, {"rdrop_kl": _sum_over_replicas(kl)}
+
+    def train_step(self, data):
+        """Keras' train step with `forward`'s loss; its logs add `rdrop_kl`."""
+        model = self.model
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            loss, y_pred, logs = self.forward(x, y, sample_weight)
+            update_loss_tracker(model, loss, x)
+            scaled_loss = model.optimizer.scale_loss(loss)
+        variables = model.trainable_variables
+        model.optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
+        return {**model.compute_metrics(x, y, y_pred, sample_weight=sample_weight), **logs}
+
+
+def _twice(value):
+    """`value`'s rows, then the same rows again (None stays None; tuples element by element)."""
+    if value is None:
+        return None
+    return tf.nest.map_structure(lambda t: ops.concatenate([t, t], axis=0), value)
