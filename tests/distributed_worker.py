@@ -194,7 +194,7 @@ def gradients(run_dir, spm_model):
     print(json.dumps(dict(variables=len(initial))), flush=True)
 
 
-def multiworker(run_dir, spm_model, steps=4):
+def multiworker(run_dir, spm_model, steps=4, **options):
     from keras_transformer import training
     from keras_transformer.training import strategy as distribute
 
@@ -206,7 +206,7 @@ def multiworker(run_dir, spm_model, steps=4):
         os.makedirs(run_dir, exist_ok=True)
         if not os.path.exists(os.path.join(run_dir, "spm.model")):
             shutil.copy(spm_model, os.path.join(run_dir, "spm.model"))
-    args = training.TrainingArgs(output=run_dir, max_steps=steps, **{**TINY, "checkpoint_every": 2})
+    args = training.TrainingArgs(output=run_dir, max_steps=steps, **{**TINY, "checkpoint_every": 2, **options})
     result = training.train(args, strategy=strategy)
     print(
         json.dumps(
@@ -216,6 +216,7 @@ def multiworker(run_dir, spm_model, steps=4):
                 step=result.step,
                 run_dir=result.run_dir,
                 is_chief=result.is_chief,
+                rdrop_kl=result.history[-1].get("rdrop_kl"),
             )
         ),
         flush=True,
@@ -262,5 +263,13 @@ def shards(run_dir, spm_model, steps=3):
 
 if __name__ == "__main__":
     mode, run_dir, spm_model = sys.argv[1:4]
-    modes = {"mirrored": mirrored, "gradients": gradients, "multiworker": multiworker, "shards": shards}
+    modes = {
+        "mirrored": mirrored,
+        "gradients": gradients,
+        "multiworker": multiworker,
+        "multiworker_rdrop": lambda *a: multiworker(
+            *a, rdrop_alpha=5.0, overrides={**TINY["overrides"], "dropout": 0.3}
+        ),
+        "shards": shards,
+    }
     modes[mode](run_dir, spm_model)

@@ -177,6 +177,19 @@ def test_multiworker_workers_end_with_identical_weights(tmp_path, spm500):
     assert (run_dir / "model.keras").exists() and (run_dir / "worker-1" / "model.keras").exists()
 
 
+def test_multiworker_trains_with_r_drop(tmp_path, spm500):
+    """R-Drop's train step under the multi-worker workaround (vector logs): both workers end alike, and log the
+    same global divergence."""
+    run_dir = tmp_path / "run"
+    results = run_two_workers("multiworker_rdrop", run_dir, spm500)
+    assert [r["step"] for r in results] == [4, 4]
+    assert float(results[0]["rdrop_kl"]) > 0 and float(results[0]["rdrop_kl"]) == float(results[1]["rdrop_kl"])
+    chief = read_weights(run_dir / "checkpoints" / "ckpt-00000004.weights.h5")
+    worker = read_weights(run_dir / "worker-1" / "checkpoints" / "ckpt-00000004.weights.h5")
+    for name in chief:
+        np.testing.assert_array_equal(chief[name], worker[name], err_msg=name)
+
+
 def test_each_worker_trains_on_its_half_of_the_same_global_batches(tmp_path, spm500):
     """Both workers build the same global batches and keep disjoint halves (auto-shard policy DATA),
     across two `fit` calls, with the corpus in memory and streamed (the one iterator `TrainingData.batches`

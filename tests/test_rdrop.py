@@ -31,16 +31,15 @@ ALPHA = 5.0
 
 def _batches(count, seed=3):
     """`count` batches `((source, target_in), labels)` of 4 rows; each row has its own length, so the halves
-    that two replicas take hold different numbers of tokens."""
+    that two replicas take hold different numbers of tokens, and so do the batches of an update."""
     rng = np.random.default_rng(seed)
     batches = []
-    for _ in range(count):
+    for i in range(count):
         source = rng.integers(3, VOCAB, (4, 7)).astype("int32")
         target = rng.integers(3, VOCAB, (4, 8)).astype("int32")
-        for row, length in enumerate((2, 7, 4, 6)):
+        for row, length in enumerate(((2, 7, 4, 6), (8, 3, 2, 2))[i % 2]):
             source[row, length:] = 0
             target[row, length:] = 0
-        target[0, 3:] = 0
         batches.append(((source, target[:, :-1]), target[:, 1:]))
     return batches
 
@@ -63,19 +62,32 @@ def _model_class():
 
 
 def _model(dropout=0.0, scaled=True, strategy=None, optimizer=None):
-    """A tiny seeded Transformer, compiled and built (SGD with learning rate 1 unless told)."""
+    """A tiny seeded Transformer, compiled and built (SGD with learning rate 1 unless told), with R-Drop
+    installed: `(model, rdrop)`."""
     import tensorflow as tf
 
     keras, scaled_class = _model_class()
     from keras_transformer import Transformer, TransformerConfig
+    from keras_transformer.training.rdrop import RDropDivergence, use_rdrop
 
     keras.utils.set_random_seed(0)
     with (strategy or tf.distribute.get_strategy()).scope():
         model = (scaled_class if scaled else Transformer)(TransformerConfig.tiny(vocab_size=VOCAB, dropout=dropout))
-        model.compile(optimizer=optimizer or keras.optimizers.SGD(learning_rate=1.0))
+        divergence = RDropDivergence()
+        model.compile(optimizer=optimizer or keras.optimizers.SGD(learning_rate=1.0), metrics=[divergence])
         model.build()
         model.optimizer.build(model.trainable_variables)
-    return model
+    return model, use_rdrop(model, ALPHA, divergence)
+
+
+def _divergence(model, x, y):
+    """The mean symmetric divergence of the two passes of batch `(x, y)` (no dropout: `SecondPassScaled`)."""
+    import tensorflow as tf
+
+    from keras_transformer.training.rdrop import mean_symmetric_kl
+
+    logits = model((tf.concat([x[0], x[0]], 0), tf.concat([x[1], x[1]], 0)), training=True)
+    return float(mean_symmetric_kl(logits, y, pad_id=0))
 
 
 def _tape(function, model):
@@ -120,15 +132,13 @@ def test_symmetric_kl_is_half_the_sum_of_both_divergences():
 def test_the_loss_and_its_gradient_are_r_drops_equation_over_real_tokens():
     """Both passes' cross-entropy plus alpha times the symmetric divergence, padding excluded, over twice the
     real tokens; the divergence's gradient reaches both passes (neither is held fixed)."""
-    from keras_transformer.training.rdrop import use_rdrop
-
-    model = _model()
+    model, rdrop = _model()
     (x, y) = _batches(1)[0]
-    rdrop = use_rdrop(model, ALPHA)
-    (loss, first, logs), gradients = _tape(lambda: rdrop.forward(x, y), model)
+    (loss, first), gradients = _tape(lambda: rdrop.forward(x, y), model)
     expected, expected_gradients = _tape(lambda: _reference_loss(model, x, y, ALPHA), model)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
-    assert float(logs["rdrop_kl"]) > 0.01
+    assert _divergence(model, x, y) > 0.01
+    assert float(rdrop.divergence.result()) == pytest.approx(_divergence(model, x, y), rel=1e-5)
     assert first.shape[0] == 4
     for g, e in zip(gradients, expected_gradients):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
@@ -136,26 +146,21 @@ def test_the_loss_and_its_gradient_are_r_drops_equation_over_real_tokens():
 
 def test_without_dropout_r_drop_is_the_papers_loss_and_gradient():
     """Two passes without dropout agree: divergence 0, and the loss and gradient of one pass."""
-    from keras_transformer.training.rdrop import use_rdrop
-
-    model = _model(scaled=False)
+    model, rdrop = _model(scaled=False)
     (x, y) = _batches(1)[0]
-    rdrop = use_rdrop(model, ALPHA)
-    (loss, _, logs), gradients = _tape(lambda: rdrop.forward(x, y), model)
+    (loss, _), gradients = _tape(lambda: rdrop.forward(x, y), model)
     plain, plain_gradients = _tape(lambda: model.compute_loss(x, y, model(x, training=True), training=True), model)
-    assert abs(float(logs["rdrop_kl"])) < 1e-6
+    assert abs(float(rdrop.divergence.result())) < 1e-6
     assert float(loss) == pytest.approx(float(plain), rel=1e-6)
     for g, e in zip(gradients, plain_gradients):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
 
 
 def test_each_pass_draws_its_own_dropout_masks():
-    from keras_transformer.training.rdrop import use_rdrop
-
-    model = _model(dropout=0.3, scaled=False)
+    _, rdrop = _model(dropout=0.3, scaled=False)
     (x, y) = _batches(1)[0]
-    _, _, logs = use_rdrop(model, ALPHA).forward(x, y)
-    assert float(logs["rdrop_kl"]) > 1e-3
+    rdrop.forward(x, y)
+    assert float(rdrop.divergence.result()) > 1e-3
 
 
 def test_fit_trains_with_r_drop_and_logs_the_divergence_with_and_without_accumulation():
@@ -164,14 +169,13 @@ def test_fit_trains_with_r_drop_and_logs_the_divergence_with_and_without_accumul
     import tensorflow as tf
 
     from keras_transformer.training.accumulation import accumulate_gradients
-    from keras_transformer.training.rdrop import use_rdrop
 
     spec = tf.TensorSpec([None, None], tf.int32)
     batches = _batches(4)
     for steps in (1, 2):
-        model = _model(dropout=0.3, scaled=False, optimizer=keras.optimizers.Adam(1e-3))
+        model, rdrop = _model(dropout=0.3, scaled=False, optimizer=keras.optimizers.Adam(1e-3))
         before = [w.copy() for w in model.get_weights()]
-        accumulate_gradients(model, steps, use_rdrop(model, ALPHA).forward)
+        accumulate_gradients(model, steps, rdrop.forward)
         data = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=((spec, spec), spec))
         history = model.fit(data, epochs=1, steps_per_epoch=len(batches) // steps, shuffle=False, verbose=0).history
         assert history["rdrop_kl"][-1] > 1e-3, steps
@@ -180,12 +184,16 @@ def test_fit_trains_with_r_drop_and_logs_the_divergence_with_and_without_accumul
         assert any(np.any(a != b) for a, b in zip(before, model.get_weights()))
 
 
-def test_alpha_zero_leaves_the_model_as_it_is_and_a_bad_alpha_is_refused():
+def test_alpha_zero_leaves_the_model_as_it_is_and_a_bad_alpha_or_loss_is_refused():
+    import keras
+
+    from keras_transformer import Transformer, TransformerConfig
     from keras_transformer.errors import ParameterError
     from keras_transformer.training import TrainingArgs
     from keras_transformer.training.rdrop import use_rdrop
 
-    model = _model(scaled=False)
+    model = Transformer(TransformerConfig.tiny(vocab_size=VOCAB))
+    model.compile()
     assert use_rdrop(model, 0.0) is None
     assert "train_step" not in vars(model)
     for bad in (-1.0, float("nan"), True, "5"):
@@ -193,18 +201,46 @@ def test_alpha_zero_leaves_the_model_as_it_is_and_a_bad_alpha_is_refused():
             use_rdrop(model, bad)
         with pytest.raises(ParameterError, match="rdrop_alpha"):
             TrainingArgs(rdrop_alpha=bad)
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match="model's loss is SparseCategoricalCrossentropy"):
+        use_rdrop(model, ALPHA)
 
 
-def test_the_command_line_sets_alpha_and_a_resume_keeps_it():
+def test_the_command_line_sets_alpha_and_a_resume_keeps_it(tmp_path):
+    """A run recorded before the option (its loss was the paper's) resumes only with alpha 0."""
     import argparse
 
     from keras_transformer.cli.train import add_training_arguments, args_from_namespace
-    from keras_transformer.training.options import RESUME_FIXED, RESUME_LEGACY_VALUES
+    from keras_transformer.errors import ParameterError
+    from keras_transformer.training import TrainingArgs
+    from keras_transformer.training.run import check_resume_config
 
     parser = add_training_arguments(argparse.ArgumentParser())
     assert args_from_namespace(parser.parse_args(["--rdrop-alpha", "5"])).rdrop_alpha == 5.0
     assert args_from_namespace(parser.parse_args([])).rdrop_alpha == 0.0
-    assert "rdrop_alpha" in RESUME_FIXED and RESUME_LEGACY_VALUES["rdrop_alpha"] == 0.0
+    args = TrainingArgs(output=str(tmp_path), preset="tiny", vocab_size=500)
+    recorded = {k: v for k, v in args.to_dict().items() if k != "rdrop_alpha"}
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model": args.model_config().to_dict(), "training": recorded, "data": {}})
+    )
+    assert check_resume_config(str(tmp_path), args, args.model_config()) is not None
+    other = TrainingArgs(**{**args.to_dict(), "rdrop_alpha": 5.0})
+    with pytest.raises(ParameterError, match=r"different rdrop_alpha \(0.0 -> 5.0\)"):
+        check_resume_config(str(tmp_path), other, other.model_config())
+
+
+def test_a_training_run_with_r_drop_logs_the_epochs_divergence(tmp_path, spm500):
+    """`train` installs R-Drop and its metric: `history.csv` has the epoch's `rdrop_kl`, validation none."""
+    from conftest import new_run_dir, read_csv
+
+    from keras_transformer import training
+
+    run_dir = new_run_dir(tmp_path / "run", spm500)
+    options = dict(preset="tiny", vocab_size=500, batch_tokens=1024, max_length=32, warmup_steps=4, verbose=0)
+    args = training.TrainingArgs(output=str(run_dir), max_steps=3, log_every=1, rdrop_alpha=ALPHA, **options)
+    training.train(args)
+    (row,) = read_csv(run_dir / "history.csv")
+    assert float(row["rdrop_kl"]) > 1e-3 and "val_rdrop_kl" not in row and float(row["val_loss"]) > 0
 
 
 def test_mirrored_strategy_gives_one_devices_update():
@@ -232,11 +268,10 @@ def _first_update(batches, steps, strategy=None):
     import tensorflow as tf
 
     from keras_transformer.training.accumulation import accumulate_gradients
-    from keras_transformer.training.rdrop import use_rdrop
 
-    model = _model(strategy=strategy)
+    model, rdrop = _model(strategy=strategy)
     before = [w.copy() for w in model.get_weights()]
-    accumulate_gradients(model, steps, use_rdrop(model, ALPHA).forward)
+    accumulate_gradients(model, steps, rdrop.forward)
     spec = tf.TensorSpec([None, None], tf.int32)
     data = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=((spec, spec), spec))
     history = model.fit(data, epochs=1, steps_per_epoch=1, shuffle=False, verbose=0).history

@@ -50,9 +50,9 @@ def accumulate_gradients(model, steps, forward=None):
             loss (a `Transformer`), under the strategy it will train with.
         steps: K, batches per update; 1 leaves `model` untouched.
         forward: None for Keras' forward pass and loss, or a function
-            `(x, y, sample_weight) -> (loss, y_pred, logs)` giving a batch's
-            loss (a mean over its real tokens), the predictions its metrics
-            read and more logs (`rdrop.RDrop.forward`).
+            `(x, y, sample_weight) -> (loss, y_pred)` giving a batch's loss
+            (a mean over its real tokens) and the predictions its metrics
+            read (`rdrop.RDrop.forward`).
 
     Returns:
         the `GradientAccumulation` installed, or None for `steps` 1.
@@ -162,7 +162,7 @@ class GradientAccumulation:
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
-            loss, y_pred, logs = self.forward(x, y, sample_weight)
+            loss, y_pred = self.forward(x, y, sample_weight)
             update_loss_tracker(model, loss, x)
             scaled_loss = model.optimizer.scale_loss(loss)
         variables = model.trainable_variables
@@ -183,13 +183,13 @@ class GradientAccumulation:
                 if s is not None:
                     acc.assign_add(s)
             self.tokens.assign_add(tokens)
-        return {**model.compute_metrics(x, y, y_pred, sample_weight=sample_weight), **logs}
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     def _keras_forward(self, x, y, sample_weight):
-        """Keras' forward pass and loss of one batch: `(loss, y_pred, {})`."""
+        """Keras' forward pass and loss of one batch: `(loss, y_pred)`."""
         y_pred = self.model(x, training=True)
         loss = self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-        return loss, y_pred, {}
+        return loss, y_pred
 
 
 def update_loss_tracker(model, loss, x):

@@ -322,7 +322,7 @@ class RunMonitor(keras.callbacks.Callback):
         if self._first is not None and self._last[0] > self._first[0]:
             logs["tokens_per_sec"] = (self._last[1] - self._first[1]) / (self._last[0] - self._first[0])
         logs["elapsed"] = time.perf_counter() - self.run.start_time
-        for key in ("val_tokens", "val_sequences"):
+        for key in ("val_tokens", "val_sequences", "val_rdrop_kl"):
             logs.pop(key, None)
         if "val_loss" in logs:
             self.last_validation = (

@@ -59,7 +59,7 @@ from keras_transformer.training.averaging import average_checkpoints, checkpoint
 from keras_transformer.training.curves import plot_curves
 from keras_transformer.training.inputs import check_inputs, tie_vocabulary_to_data
 from keras_transformer.training.options import TrainingArgs, TrainingResult
-from keras_transformer.training.rdrop import use_rdrop
+from keras_transformer.training.rdrop import RDropDivergence, use_rdrop
 from keras_transformer.training.run import ResumePoint, Run, check_resume_config, load_resume_point
 from keras_transformer.training.stream import TrainingData
 from keras_transformer.training.stream import fit_plan as _fit_plan
@@ -288,6 +288,7 @@ def _build_model(state):
     args, strategy = state.args, state.strategy
     with strategy.scope():
         model = Transformer(state.model_config)
+        divergence = [RDropDivergence()] if args.rdrop_alpha else []  # `rdrop_kl`
         model.compile(
             optimizer=create_optimizer(
                 state.model_config.d_model,
@@ -296,16 +297,16 @@ def _build_model(state):
                 cooldown=args.cooldown > 0,
                 **(dict(use_ema=True, ema_momentum=args.ema) if args.ema else {}),
             ),
-            metrics=[MaskedAccuracy()] + run_callbacks.count_metrics(),
+            metrics=[MaskedAccuracy()] + run_callbacks.count_metrics() + divergence,
             jit_compile=bool(args.xla),
             steps_per_execution=args.steps_per_execution,
         )
         model.build()
         model.optimizer.build(model.trainable_variables)
+    rdrop = use_rdrop(model, args.rdrop_alpha, *divergence)  # alpha 0: the model as it is
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         element_spec = state.training_data.stream(0, state.steps_per_epoch).element_spec
         strategies.work_around_keras_multiworker(model, strategy, element_spec)
-    rdrop = use_rdrop(model, args.rdrop_alpha)  # alpha 0: the model as it is
     accumulate_gradients(model, args.accumulate_steps, rdrop and rdrop.forward)  # K = 1: the model as it is
     resume = state.resume
     if resume is None and args.init_from:

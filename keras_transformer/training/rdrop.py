@@ -25,16 +25,18 @@ Per token, from the float32 log-probabilities of the two passes,
     KL(p1 || p2) + KL(p2 || p1) = sum_k (p1(k) - p2(k)) (log p1(k) - log p2(k)).
 
 An update costs two passes of its batch: half the `batch_tokens` keeps its
-cost. The accuracy and the token counts are those of the first pass; the
-validation loss stays the plain cross-entropy of one pass without dropout.
-The training logs add `rdrop_kl`, the batch's mean symmetric divergence.
+cost. The accuracy and the token counts are those of the first pass. The
+training `loss` is R-Drop's, divergence included, so it is not comparable
+with `val_loss`, which stays the plain cross-entropy of one pass without
+dropout. With an `RDropDivergence` among the model's metrics, the logs add
+`rdrop_kl`, the epoch's mean symmetric divergence per token.
 """
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.losses import _sum_over_replicas, _token_weights
+from keras_transformer.losses import LabelSmoothedCrossEntropy, _sum_over_replicas, _token_weights
 from keras_transformer.training.accumulation import update_loss_tracker
 
 
@@ -68,6 +70,11 @@ def mean_symmetric_kl(logits, labels, pad_id, sample_weight=None):
     Returns:
         float32 scalar: the sum over this replica's real tokens divided by
         the real tokens of all replicas (summed over replicas: the mean).
+
+    Example:
+    >>> logits = ops.array([[[0.0, 0.0]], [[0.0, 1.0]]])  # [2B = 2, T = 1, V = 2]: two passes of one token
+    >>> round(float(mean_symmetric_kl(logits, ops.array([[1]]), pad_id=0)), 4)
+    0.1155
     """
     first, second = ops.split(logits, 2, axis=0)
     weights = _token_weights(ops.cast(labels, "int32"), pad_id, sample_weight)
@@ -75,7 +82,34 @@ def mean_symmetric_kl(logits, labels, pad_id, sample_weight=None):
     return ops.sum(symmetric_kl(first, second) * weights) / count
 
 
-def use_rdrop(model, alpha):
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class RDropDivergence(keras.metrics.Mean):
+    """The mean symmetric divergence per real target token of R-Drop's passes, over an epoch: `rdrop_kl`.
+
+    Compile the model with it among its metrics and give it to `use_rdrop`:
+    R-Drop's train step records each batch's divergence (`record`), weighted
+    by its real tokens. Keras' own updates from the predictions do nothing,
+    so validation reports 0.
+
+    Example:
+    >>> metric = RDropDivergence()
+    >>> metric.record(0.5, 10.0); metric.record(2.0, 30.0)
+    >>> float(metric.result())
+    1.625
+    """
+
+    def __init__(self, name="rdrop_kl", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def update_state(self, y_true=None, y_pred=None, sample_weight=None):
+        """Nothing: the divergence needs both passes, which only the train step has."""
+
+    def record(self, divergence, tokens):
+        """Adds a batch's mean divergence `divergence` over its `tokens` real tokens."""
+        super().update_state(divergence, sample_weight=tokens)
+
+
+def use_rdrop(model, alpha, divergence=None):
     """Makes `model.fit` train `model` with R-Drop's loss, weighting the divergence by `alpha`.
 
     Install it before `accumulate_gradients`, and give that the returned
@@ -85,25 +119,34 @@ def use_rdrop(model, alpha):
         model: a `Transformer` compiled with a `LabelSmoothedCrossEntropy`
             loss, under the strategy it will train with.
         alpha: the divergence's weight, >= 0; 0 leaves `model` untouched.
+        divergence: None, or an `RDropDivergence` among the model's compiled
+            metrics, to log the divergence as `rdrop_kl`.
 
     Returns:
         the `RDrop` installed, or None for alpha 0.
 
     Raises:
-        ValueError: alpha is not a number >= 0.
+        ValueError: alpha is not a number >= 0, or the model's loss is not a
+            `LabelSmoothedCrossEntropy`.
 
     Example:
     >>> from keras_transformer import Transformer, TransformerConfig
     >>> model = Transformer(TransformerConfig.tiny(vocab_size=100))
-    >>> model.compile()
-    >>> use_rdrop(model, 5.0).alpha
+    >>> divergence = RDropDivergence()
+    >>> model.compile(metrics=[divergence])
+    >>> use_rdrop(model, 5.0, divergence).alpha
     5.0
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
         raise ValueError(f"rdrop_alpha must be a number >= 0, got {alpha!r}.")
     if alpha == 0:
         return None
-    rdrop = RDrop(model, float(alpha))
+    if not isinstance(model.loss, LabelSmoothedCrossEntropy):
+        raise ValueError(
+            f"R-Drop adds its divergence over the real tokens a LabelSmoothedCrossEntropy averages over; the "
+            f"model's loss is {type(model.loss).__name__}."
+        )
+    rdrop = RDrop(model, float(alpha), divergence)
     model.train_step = rdrop.train_step
     model.train_function = None
     return rdrop
@@ -115,14 +158,16 @@ class RDrop:
     Args:
         model: as for `use_rdrop`.
         alpha: the divergence's weight, > 0.
+        divergence: as for `use_rdrop`.
     """
 
-    def __init__(self, model, alpha):
+    def __init__(self, model, alpha, divergence=None):
         self.model = model
         self.alpha = alpha
+        self.divergence = divergence
 
     def forward(self, x, y, sample_weight=None):
-        """Both passes of a training batch and their loss.
+        """Both passes of a training batch and their loss; records the divergence in `divergence`.
 
         Args:
             x: the model's inputs `(source_ids, target_ids)`, `[B, ...]` each.
@@ -130,9 +175,9 @@ class RDrop:
             sample_weight: None, `[B]` or `[B, T]`.
 
         Returns:
-            `(loss, logits, logs)`: the loss of the module docstring (this
-            replica's part), the first pass's logits `[B, T, V]`, and
-            `{"rdrop_kl": the global batch's mean symmetric divergence}`.
+            `(loss, logits)`: the loss of the module docstring (this
+            replica's part) and the first pass's logits `[B, T, V]`, which
+            the metrics read.
         """
         model = self.model
         logits = model(_twice(x), training=True)
@@ -140,24 +185,41 @@ class RDrop:
             x=x, y=_twice(y), y_pred=logits, sample_weight=_twice(sample_weight), training=True
         )
         kl = mean_symmetric_kl(logits, y, model.loss.pad_id, sample_weight)
-        first = ops.split(logits, 2, axis=0)[0]
-        return cross_entropy + 0.5 * self.alpha * kl, first, {"rdrop_kl": _sum_over_replicas(kl)}
+        if self.divergence is not None:
+            weights = _token_weights(ops.cast(y, "int32"), model.loss.pad_id, sample_weight)
+            self.divergence.record(_sum_over_replicas(kl), _sum_over_replicas(ops.sum(weights)))
+        return cross_entropy + 0.5 * self.alpha * kl, ops.split(logits, 2, axis=0)[0]
 
     def train_step(self, data):
-        """Keras' train step with `forward`'s loss; its logs add `rdrop_kl`."""
+        """Keras' train step with `forward`'s loss.
+
+        Args:
+            data: a batch `(x, y)` or `(x, y, sample_weight)`.
+
+        Returns:
+            the model's metrics after the update (`rdrop_kl` among them when
+            `divergence` is).
+        """
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
-            loss, y_pred, logs = self.forward(x, y, sample_weight)
+            loss, y_pred = self.forward(x, y, sample_weight)
             update_loss_tracker(model, loss, x)
             scaled_loss = model.optimizer.scale_loss(loss)
         variables = model.trainable_variables
         model.optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
-        return {**model.compute_metrics(x, y, y_pred, sample_weight=sample_weight), **logs}
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
 def _twice(value):
-    """`value`'s rows, then the same rows again (None stays None; tuples element by element)."""
+    """The batch of both passes: `value`'s rows, then the same rows again.
+
+    Args:
+        value: a tensor, a tuple of tensors (the model's inputs) or None.
+
+    Returns:
+        the same structure with twice the rows; None for None.
+    """
     if value is None:
         return None
     return tf.nest.map_structure(lambda t: ops.concatenate([t, t], axis=0), value)
