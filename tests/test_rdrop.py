@@ -129,6 +129,36 @@ def test_symmetric_kl_is_half_the_sum_of_both_divergences():
     np.testing.assert_allclose(symmetric_kl(a, a), 0.0, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_fused_divergence_equals_the_plain_form_in_value_and_gradient(dtype):
+    """`kernels.divergence` against `symmetric_kl` differentiated by TensorFlow; a padded position adds nothing
+    and gets a zero gradient even with non-finite logits."""
+    import tensorflow as tf
+
+    from keras_transformer.kernels.divergence import weighted_divergence_with_gradient
+    from keras_transformer.training.rdrop import symmetric_kl
+
+    rng = np.random.default_rng(1)
+    logits = tf.cast(3.0 * rng.normal(size=(4, 5, 17)).astype("float32"), dtype)
+    weights = tf.constant(rng.uniform(0.1, 1.0, (2, 5)).astype("float32") * (np.arange(5) < [[5], [3]]))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(logits)
+        fused = 2.5 * weighted_divergence_with_gradient(logits, weights)
+        first, second = tf.split(logits, 2)
+        plain = 2.5 * tf.reduce_sum(symmetric_kl(first, second) * weights)
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=2e-2, atol=2e-3)
+    np.testing.assert_allclose(float(fused), float(plain), **tolerance)
+    fused_gradient, plain_gradient = (tape.gradient(v, logits) for v in (fused, plain))
+    assert fused_gradient.dtype == logits.dtype
+    np.testing.assert_allclose(tf.cast(fused_gradient, "float32"), tf.cast(plain_gradient, "float32"), **tolerance)
+    padded = tf.tensor_scatter_nd_update(logits, [[1, 4, 0], [3, 4, 2]], tf.constant([np.inf, np.nan], dtype))
+    with tf.GradientTape() as tape:
+        tape.watch(padded)
+        value = weighted_divergence_with_gradient(padded, weights)
+    np.testing.assert_allclose(float(value), float(fused) / 2.5, **tolerance)
+    assert np.all(np.isfinite(tf.cast(tape.gradient(value, padded), "float32")))
+
+
 def test_the_loss_and_its_gradient_are_r_drops_equation_over_real_tokens():
     """Both passes' cross-entropy plus alpha times the symmetric divergence, padding excluded, over twice the
     real tokens; the divergence's gradient reaches both passes (neither is held fixed)."""

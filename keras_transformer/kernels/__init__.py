@@ -19,6 +19,8 @@ Modules:
   `[B*T, D]` rows.
 - `adam`: the fused Adam update (§5.3).
 - `loss`: the fused label-smoothed cross-entropy (§5.4).
+- `divergence`: the fused symmetric KL divergence of R-Drop's two passes
+  (`training.rdrop`; not in the paper).
 
 Nothing is imported here, so importing the package loads nothing.
 """

@@ -24,6 +24,9 @@ Per token, from the float32 log-probabilities of the two passes,
 
     KL(p1 || p2) + KL(p2 || p1) = sum_k (p1(k) - p2(k)) (log p1(k) - log p2(k)).
 
+Under a gradient tape, its value and closed-form gradient come out of one
+XLA-compiled pass (`kernels.divergence`), tested equal to `symmetric_kl`.
+
 An update costs two passes of its batch: half the `batch_tokens` keeps its
 cost. The accuracy and the token counts are those of the first pass. The
 training `loss` is R-Drop's, divergence included, so it is not comparable
@@ -36,6 +39,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_transformer import compat
+from keras_transformer.kernels import divergence as divergence_kernel
 from keras_transformer.losses import LabelSmoothedCrossEntropy, _sum_over_replicas, _token_weights
 from keras_transformer.training.accumulation import update_loss_tracker
 
@@ -76,10 +81,12 @@ def mean_symmetric_kl(logits, labels, pad_id, sample_weight=None):
     >>> round(float(mean_symmetric_kl(logits, ops.array([[1]]), pad_id=0)), 4)
     0.1155
     """
-    first, second = ops.split(logits, 2, axis=0)
     weights = _token_weights(ops.cast(labels, "int32"), pad_id, sample_weight)
-    count = ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
-    return ops.sum(symmetric_kl(first, second) * weights) / count
+    weights = weights / ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
+    if compat.gradient_may_be_recorded():  # training: value and gradient in one XLA pass
+        return divergence_kernel.weighted_divergence_with_gradient(logits, weights)
+    first, second = ops.split(logits, 2, axis=0)
+    return ops.sum(symmetric_kl(first, second) * weights)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
