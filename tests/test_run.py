@@ -225,8 +225,8 @@ def test_an_unstarted_directory_is_removed_only_if_it_holds_nothing_but_what_a_s
 
 # The options a resume must keep, each with another valid value: what is trained on (the data, its
 # vocabulary and segmentation, the batches and their order), the schedule of §5.3 (a step would mean
-# another learning rate), the precision and the moving average (another optimizer state). A new
-# option goes either here (and into `options.RESUME_FIXED`) or into RESUME_MAY_CHANGE.
+# another learning rate), the precision, the moving average (another optimizer state) and the loss
+# (R-Drop's). A new option goes either here (and into `options.RESUME_FIXED`) or into RESUME_MAY_CHANGE.
 RESUME_FIXED_CHANGES = {
     "data": "tfds:wmt14_translate/de-en",
     "src": "fr",
@@ -244,6 +244,7 @@ RESUME_FIXED_CHANGES = {
     "cooldown": 0.5,
     "precision": "mixed_bfloat16",
     "ema": 0.999,
+    "rdrop_alpha": 5.0,
 }
 
 # The options a resume may change: how long the run goes on, how it is carried out (compilation,
