@@ -73,12 +73,16 @@ def smoothed_token_loss(logits, labels, epsilon):
     return loss_fn(ops.cast(logits, "float32"))  # the gradient flows back through the cast
 
 
-def _sum_over_replicas(value):
+def sum_over_replicas(value):
     """Sum of `value` over the replicas of the current `tf.distribute` strategy.
 
     `value` itself outside a replica context, with one replica, or on another
     backend. TensorFlow is imported here, not with the module: the model side
     imports this module and must not need the pipeline's TensorFlow.
+
+    Example:
+    >>> float(sum_over_replicas(ops.array(3.0)))  # one device: the value itself
+    3.0
     """
     if keras.backend.backend() != "tensorflow":
         return value
@@ -88,6 +92,35 @@ def _sum_over_replicas(value):
     if context is None or context.num_replicas_in_sync == 1:
         return value
     return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def token_weights(labels, pad_id, sample_weight=None):
+    """float32 `[B, T]`: 1 for real tokens, 0 at padding, times `sample_weight` (`[B]` per sentence or `[B, T]`).
+
+    Example:
+    >>> ops.convert_to_numpy(token_weights(ops.array([[5, 7, 0]]), pad_id=0, sample_weight=ops.array([2.0]))).tolist()
+    [[2.0, 2.0, 0.0]]
+    """
+    weights = ops.cast(ops.cast(labels, "int32") != pad_id, "float32")
+    if sample_weight is None:
+        return weights
+    sample_weight = ops.cast(sample_weight, "float32")
+    while len(sample_weight.shape) < len(weights.shape):
+        sample_weight = sample_weight[..., None]
+    return weights * sample_weight
+
+
+def global_token_count(labels, pad_id, sample_weight=None):
+    """float32 scalar: the real tokens (times `sample_weight`) of the global batch, all replicas together.
+
+    What a `LabelSmoothedCrossEntropy` divides its sum by, so that N replicas
+    take the mean of one device (§5.2's batch split over 8 GPUs).
+
+    Example:
+    >>> float(global_token_count(ops.array([[5, 7, 0], [4, 0, 0]]), pad_id=0))
+    3.0
+    """
+    return sum_over_replicas(ops.sum(token_weights(labels, pad_id, sample_weight)))
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -148,10 +181,10 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         labels = ops.cast(y_true, "int32")
-        weights = _token_weights(labels, self.pad_id, sample_weight)
         # Keras sums the replicas' gradients: dividing each replica's sum by the
         # global count makes that sum the gradient of the global mean.
-        weights = weights / ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
+        weights = token_weights(labels, self.pad_id, sample_weight)
+        weights = weights / ops.maximum(sum_over_replicas(ops.sum(weights)), 1.0)
         if keras.backend.backend() == "tensorflow" and compat.gradient_may_be_recorded():
             return loss_kernel.weighted_loss_with_gradient(y_pred, labels, weights, self.label_smoothing)
         # Evaluation: no gradient to compute ahead (and this is differentiable all the same).
@@ -159,17 +192,6 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def get_config(self):
         return {"name": self.name, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
-
-
-def _token_weights(labels, pad_id, sample_weight=None):
-    """float32 `[B, T]`: 1 for real tokens, 0 at padding, times `sample_weight` (`[B]` per sentence or `[B, T]`)."""
-    weights = ops.cast(labels != pad_id, "float32")
-    if sample_weight is None:
-        return weights
-    sample_weight = ops.cast(sample_weight, "float32")
-    while len(sample_weight.shape) < len(weights.shape):
-        sample_weight = sample_weight[..., None]
-    return weights * sample_weight
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -206,7 +228,7 @@ class MaskedAccuracy(keras.metrics.Mean):
         else:
             predictions = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
         correct = ops.cast(ops.equal(predictions, labels), "float32")
-        return super().update_state(correct, sample_weight=_token_weights(labels, self.pad_id, sample_weight))
+        return super().update_state(correct, sample_weight=token_weights(labels, self.pad_id, sample_weight))
 
     def get_config(self):
         return {**super().get_config(), "pad_id": self.pad_id}

@@ -338,14 +338,15 @@ def test_losses_and_layers_import_no_pipeline_module():
 
 
 def test_loss_divides_by_the_global_token_count_across_replicas():
-    """Two replicas with 3 and 1 real tokens: the sum of their losses is the one-device mean."""
+    """Two replicas with 3 and 1 real tokens: the sum of their losses is the one-device mean, and each replica's
+    `global_token_count` is the 4 of the whole batch."""
     script = textwrap.dedent(
         """
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         import numpy as np
-        from keras_transformer.losses import LabelSmoothedCrossEntropy
+        from keras_transformer.losses import LabelSmoothedCrossEntropy, global_token_count
 
         labels = np.array([[5, 6, 7, 0], [5, 0, 0, 0]])
         logits = np.random.default_rng(0).normal(size=(2, 4, 10)).astype("float32")
@@ -359,6 +360,8 @@ def test_loss_divides_by_the_global_token_count_across_replicas():
                 strategy.experimental_local_results(next(iter(batches))[0])] == [3, 1]
         total = float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
         assert abs(total - one_device) < 1e-5, (total, one_device)
+        counts = strategy.run(tf.function(lambda y, z: global_token_count(y, 0)), args=next(iter(batches)))
+        assert [float(c) for c in strategy.experimental_local_results(counts)] == [4.0, 4.0]
         """
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

@@ -39,7 +39,7 @@ bias correction counts updates, and moves `use_ema`'s average at every batch.
 import keras
 import tensorflow as tf
 
-from keras_transformer.losses import LabelSmoothedCrossEntropy
+from keras_transformer.losses import LabelSmoothedCrossEntropy, global_token_count
 
 
 def accumulate_gradients(model, steps, forward=None):
@@ -161,13 +161,9 @@ class GradientAccumulation:
         """One batch on one replica, Keras' train step but for the update: adds n_i g_i, or applies g (K-th batch)."""
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
-            loss, y_pred = self.forward(x, y, sample_weight)
-            update_loss_tracker(model, loss, x)
-            scaled_loss = model.optimizer.scale_loss(loss)
+        gradients, y_pred = loss_and_gradients(model, self.forward, x, y, sample_weight)
         variables = model.trainable_variables
-        gradients = tape.gradient(scaled_loss, variables)
-        tokens = _global_token_count(y, model.loss.pad_id, sample_weight)
+        tokens = global_token_count(y, model.loss.pad_id, sample_weight)
         # The loss divided its sum by max(tokens, 1): times that, the gradient of the sum.
         sums = [None if g is None else tf.convert_to_tensor(g) * tf.maximum(tokens, 1.0) for g in gradients]
         if apply:
@@ -192,24 +188,32 @@ class GradientAccumulation:
         return loss, y_pred
 
 
+def loss_and_gradients(model, forward, x, y, sample_weight=None):
+    """A batch's loss through `forward`, logged as Keras' train step logs it, and its gradients.
+
+    The part of a Keras train step before the update, shared by gradient
+    accumulation and R-Drop's train step: the loss of `forward`, the "loss"
+    metric, the optimizer's loss scaling (`mixed_float16`) and the gradient.
+
+    Args:
+        model: the compiled model; its optimizer scales the loss.
+        forward: `(x, y, sample_weight) -> (loss, y_pred)`.
+        x, y, sample_weight: the batch, unpacked.
+
+    Returns:
+        `(gradients, y_pred)`: one gradient (of the scaled loss) or None per
+        trainable variable, and the predictions the metrics read.
+    """
+    with tf.GradientTape() as tape:
+        loss, y_pred = forward(x, y, sample_weight)
+        update_loss_tracker(model, loss, x)
+        scaled_loss = model.optimizer.scale_loss(loss)
+    return tape.gradient(scaled_loss, model.trainable_variables), y_pred
+
+
 def update_loss_tracker(model, loss, x):
     """Logs the batch's loss as Keras' train step does: its "loss" metric, weighted by the batch's sequences."""
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     tracker = next(metric for metric in model.metrics if metric.name == "loss")
     batch_size = tf.shape(next(value for value in tf.nest.flatten(x) if value is not None))[0]
     tracker.update_state(loss * replicas if replicas > 1 else loss, sample_weight=batch_size)
-
-
-def _global_token_count(labels, pad_id, sample_weight=None):
-    """float32 real tokens (times `sample_weight`) of the batch on all replicas: what the loss's mean divides by."""
-    weights = tf.cast(tf.not_equal(labels, pad_id), "float32")
-    if sample_weight is not None:
-        sample_weight = tf.cast(sample_weight, "float32")
-        while len(sample_weight.shape) < len(weights.shape):
-            sample_weight = sample_weight[..., None]
-        weights = weights * sample_weight
-    count = tf.reduce_sum(weights)
-    context = tf.distribute.get_replica_context()
-    if context is not None and context.num_replicas_in_sync > 1:
-        count = context.all_reduce(tf.distribute.ReduceOp.SUM, count)
-    return count

@@ -41,8 +41,8 @@ from keras import ops
 
 from keras_transformer import compat
 from keras_transformer.kernels import divergence as divergence_kernel
-from keras_transformer.losses import LabelSmoothedCrossEntropy, _sum_over_replicas, _token_weights
-from keras_transformer.training.accumulation import update_loss_tracker
+from keras_transformer.losses import LabelSmoothedCrossEntropy, global_token_count, sum_over_replicas, token_weights
+from keras_transformer.training.accumulation import loss_and_gradients
 
 
 def symmetric_kl(logits_1, logits_2):
@@ -63,7 +63,7 @@ def symmetric_kl(logits_1, logits_2):
     return 0.5 * ops.sum((ops.exp(log_p1) - ops.exp(log_p2)) * (log_p1 - log_p2), axis=-1)
 
 
-def mean_symmetric_kl(logits, labels, pad_id, sample_weight=None):
+def mean_symmetric_kl(logits, labels, pad_id, sample_weight=None, tokens=None):
     """This replica's part of the global batch's mean `symmetric_kl` per real target token.
 
     Args:
@@ -71,6 +71,8 @@ def mean_symmetric_kl(logits, labels, pad_id, sample_weight=None):
         labels: int `[B, T]`, of one pass; `pad_id` marks padding.
         pad_id: the padding label.
         sample_weight: None, `[B]` or `[B, T]`.
+        tokens: None, or the batch's `losses.global_token_count`, when the
+            caller has it already (it is an all-reduce under distribution).
 
     Returns:
         float32 scalar: the sum over this replica's real tokens divided by
@@ -81,8 +83,9 @@ def mean_symmetric_kl(logits, labels, pad_id, sample_weight=None):
     >>> round(float(mean_symmetric_kl(logits, ops.array([[1]]), pad_id=0)), 4)
     0.1155
     """
-    weights = _token_weights(ops.cast(labels, "int32"), pad_id, sample_weight)
-    weights = weights / ops.maximum(_sum_over_replicas(ops.sum(weights)), 1.0)
+    if tokens is None:
+        tokens = global_token_count(labels, pad_id, sample_weight)
+    weights = token_weights(labels, pad_id, sample_weight) / ops.maximum(tokens, 1.0)
     if compat.gradient_may_be_recorded():  # training: value and gradient in one XLA pass
         return divergence_kernel.weighted_divergence_with_gradient(logits, weights)
     first, second = ops.split(logits, 2, axis=0)
@@ -191,10 +194,10 @@ class RDrop:
         cross_entropy = model.compute_loss(
             x=x, y=_twice(y), y_pred=logits, sample_weight=_twice(sample_weight), training=True
         )
-        kl = mean_symmetric_kl(logits, y, model.loss.pad_id, sample_weight)
+        tokens = global_token_count(y, model.loss.pad_id, sample_weight)
+        kl = mean_symmetric_kl(logits, y, model.loss.pad_id, sample_weight, tokens=tokens)
         if self.divergence is not None:
-            weights = _token_weights(ops.cast(y, "int32"), model.loss.pad_id, sample_weight)
-            self.divergence.record(_sum_over_replicas(kl), _sum_over_replicas(ops.sum(weights)))
+            self.divergence.record(sum_over_replicas(kl), tokens)
         return cross_entropy + 0.5 * self.alpha * kl, ops.split(logits, 2, axis=0)[0]
 
     def train_step(self, data):
@@ -209,12 +212,8 @@ class RDrop:
         """
         model = self.model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
-            loss, y_pred = self.forward(x, y, sample_weight)
-            update_loss_tracker(model, loss, x)
-            scaled_loss = model.optimizer.scale_loss(loss)
-        variables = model.trainable_variables
-        model.optimizer.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
+        gradients, y_pred = loss_and_gradients(model, self.forward, x, y, sample_weight)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
