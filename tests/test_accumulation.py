@@ -366,24 +366,6 @@ def test_a_run_with_accumulation_records_it_and_resumes_exactly(tmp_path, spm500
     assert [int(row["step"]) for row in read_csv(whole_dir / "steps.csv")] == [1, 2, 3, 4]
 
 
-def test_a_run_recorded_before_accumulation_resumes_only_with_one_batch_per_update(tmp_path):
-    """Its updates were of one batch: another K would be another batch size (tests/test_run.py checks a change
-    of a recorded accumulate_steps)."""
-    from keras_transformer.errors import ParameterError
-    from keras_transformer.training import TrainingArgs
-    from keras_transformer.training.run import check_resume_config
-
-    args = TrainingArgs(output=str(tmp_path), preset="tiny", vocab_size=500)
-    recorded = {k: v for k, v in args.to_dict().items() if k != "accumulate_steps"}
-    (tmp_path / "config.json").write_text(
-        json.dumps({"model": args.model_config().to_dict(), "training": recorded, "data": {}})
-    )
-    assert check_resume_config(str(tmp_path), args, args.model_config()) is not None
-    other = TrainingArgs(**{**args.to_dict(), "accumulate_steps": 2})
-    with pytest.raises(ParameterError, match=r"different accumulate_steps \(1 -> 2\)"):
-        check_resume_config(str(tmp_path), other, other.model_config())
-
-
 def test_the_wmt14_example_makes_the_papers_batch_on_the_gpus_it_has(monkeypatch, capsys):
     """25000 tokens per update (§5.1) with at most the 3125 tokens of each of the paper's 8 GPUs (§5.2)
     on each GPU at a time; given flags win; without GPUs, the paper's batch in one step."""
