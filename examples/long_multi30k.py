@@ -458,4 +458,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from keras_transformer.cli import run_script
+
+    run_script(main, "long_multi30k.py")

@@ -66,7 +66,6 @@ Run:
 import argparse
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -436,4 +435,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from keras_transformer.cli import run_script
+
+    run_script(main, "reproduce_multi30k.py")

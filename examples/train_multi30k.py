@@ -34,6 +34,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from keras_transformer import training  # noqa: E402
+from keras_transformer.cli import run_script  # noqa: E402
 from keras_transformer.cli import train as train_cli  # noqa: E402
 from keras_transformer.data import corpora  # noqa: E402
 from keras_transformer.decoding.defaults import DEFAULT_TRANSLATE_BATCH_SIZE  # noqa: E402
@@ -319,4 +320,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(1 if main().get("stopped_on_nan") else 0)
+    run_script(lambda: 1 if main().get("stopped_on_nan") else 0, "train_multi30k.py")

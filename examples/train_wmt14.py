@@ -66,6 +66,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from keras_transformer import training  # noqa: E402
+from keras_transformer.cli import run_script  # noqa: E402
 from keras_transformer.cli import train as train_cli  # noqa: E402
 
 PAPER_GPUS = 8  # §5.2: "one machine with 8 NVIDIA P100 GPUs"
@@ -215,5 +216,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    outcome = main()
-    sys.exit(1 if getattr(outcome, "stopped_on_nan", False) else 0)
+    run_script(lambda: 1 if getattr(main(), "stopped_on_nan", False) else 0, "train_wmt14.py")

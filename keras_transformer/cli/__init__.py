@@ -106,6 +106,36 @@ def interrupted(error):
     return f"interrupted ({error}); run the same command again to resume from its checkpoint.", 128 + int(signum)
 
 
+def run_script(main, name):
+    """Exits with `main()`'s status; a signal that stops it ends it as it ends a command: one line, no traceback.
+
+    For the example scripts, which train through the library like
+    `keras-transformer train`: Ctrl-C or SIGTERM during training writes a
+    checkpoint and raises `training.callbacks.TrainingInterrupted`, and the
+    script then exits with `interrupted`'s line on stderr and the shell's
+    status (130, 143).
+
+    Args:
+        main: the script's `main`, called with no arguments; its return
+            value is the exit status (None: 0).
+        name: the script's name, which begins its error line.
+
+    Example:
+        >>> def stopped():
+        ...     raise KeyboardInterrupt
+        >>> run_script(stopped, "demo.py")
+        Traceback (most recent call last):
+        SystemExit: 130
+    """
+    try:
+        status = main()
+    except KeyboardInterrupt as error:
+        message, status = interrupted(error)
+        sys.stdout.flush()
+        print(f"{name}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(status)
+
+
 def parameter_error_message(command, args, error):
     """`--flag VALUE: message` for a `ParameterError` that `command` raised, as its error line says it.
 
